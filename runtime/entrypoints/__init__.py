@@ -1,0 +1,1 @@
+"""Process entry points: CLI, launcher, HTTP server, tokenizer manager."""

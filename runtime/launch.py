@@ -1,0 +1,181 @@
+"""Start the runtime: scheduler and detokenizer processes, then the HTTP server.
+
+The parent process runs the API server and the TokenizerManager. It watches its children:
+if one dies, it logs which and exits non-zero (Kubernetes restarts the pod) instead of
+keeping a server that accepts requests and never answers. SIGTERM drains: /health turns
+503, no new requests are admitted, running ones finish within `--drain-timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from sluice.runtime import constants as C
+from sluice.runtime.detokenizer.process import run_detokenizer_process
+from sluice.runtime.entrypoints.http_server import build_app
+from sluice.runtime.entrypoints.tokenizer_manager import TokenizerManager
+from sluice.runtime.ipc.messages import SamplingParams, SchedulerReady
+from sluice.runtime.ipc.sockets import PortArgs
+from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
+from sluice.runtime.scheduler.process import run_scheduler_process
+from sluice.runtime.server_args import ServerArgs
+
+logger = logging.getLogger("sluice.server")
+
+READY_TIMEOUT_S = 1800.0
+WATCH_INTERVAL_S = 0.5
+
+
+def served_name(args: ServerArgs, model_path: Path) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    if args.model == C.BUNDLED_MODEL_NAME:
+        return C.BUNDLED_SERVED_NAME
+    return Path(args.model.rstrip("/")).name.removesuffix(".gguf")
+
+
+class ChildProcesses:
+    """The scheduler and detokenizer processes, started and watched together."""
+
+    def __init__(self, args: ServerArgs, model_path: Path, port_args: PortArgs) -> None:
+        ctx = mp.get_context("spawn")
+        self._ready_reader, ready_writer = ctx.Pipe(duplex=False)
+        self.procs = [
+            ctx.Process(
+                target=run_scheduler_process,
+                args=(args, str(model_path), port_args, ready_writer),
+                name="scheduler",
+            ),
+            ctx.Process(
+                target=run_detokenizer_process, args=(str(model_path), port_args), name="detokenizer"
+            ),
+        ]
+        for p in self.procs:
+            p.start()
+        ready_writer.close()
+
+    def dead(self) -> mp.Process | None:
+        return next((p for p in self.procs if p.exitcode is not None), None)
+
+    def wait_ready(self, timeout: float) -> SchedulerReady:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready_reader.poll(WATCH_INTERVAL_S):
+                try:
+                    msg = self._ready_reader.recv()
+                except EOFError:
+                    msg = None
+                if isinstance(msg, SchedulerReady):
+                    return msg
+                raise ChildDied("scheduler failed to start (see its log above)")
+            if (p := self.dead()) is not None:
+                raise ChildDied(f"{p.name} process exited with code {p.exitcode} during start-up")
+        raise ChildDied(f"scheduler not ready after {timeout:.0f}s")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+
+
+class ChildDied(RuntimeError):
+    pass
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn server whose first SIGTERM/SIGINT drains in-flight requests before exiting."""
+
+    def __init__(self, config: uvicorn.Config, tm: TokenizerManager, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.tm = tm
+        self.drain_timeout = drain_timeout
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.tm.draining or self.loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self.tm.draining = True
+        logger.info(
+            "signal %d: draining %d in-flight requests (at most %.0fs)",
+            sig, self.tm.num_inflight, self.drain_timeout,
+        )
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._drain()))
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_timeout
+        while self.tm.num_inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.tm.num_inflight:
+            logger.warning("drain timed out with %d requests in flight", self.tm.num_inflight)
+        self.should_exit = True
+
+
+async def warm_up(tm: TokenizerManager) -> None:
+    """One short generation through every process, before /health reports ready."""
+    ids = tm.tokenizer.encode("Hello")
+    params = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
+    async for _ in tm.generate(ids, params, rid="warmup"):
+        pass
+
+
+async def _watch_children(children: ChildProcesses) -> None:
+    while True:
+        await asyncio.sleep(WATCH_INTERVAL_S)
+        if (p := children.dead()) is not None:
+            logger.error("%s process exited with code %s; shutting the server down", p.name, p.exitcode)
+            children.stop()
+            os._exit(1)
+
+
+def launch_server(args: ServerArgs) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    cache_dir = Path(args.model_cache_dir) if args.model_cache_dir else default_cache_dir()
+    model_path = resolve_model_path(args.model, cache_dir)
+    port_args = PortArgs.fresh()
+    children = ChildProcesses(args, model_path, port_args)
+    try:
+        ready = children.wait_ready(READY_TIMEOUT_S)
+    except ChildDied as err:
+        logger.error("%s", err)
+        children.stop()
+        return 1
+    tm = TokenizerManager(load_tokenizer(model_path), served_name(args, model_path), ready, port_args)
+    app = build_app(tm, args)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    server = DrainingServer(config, tm, args.drain_timeout)
+
+    @app.on_event("startup")
+    async def _start() -> None:
+        server.loop = asyncio.get_running_loop()
+        tm.start()
+        asyncio.get_running_loop().create_task(_watch_children(children))
+        if not args.disable_warmup:
+            await warm_up(tm)
+        tm.is_ready = True
+        logger.info(
+            "serving %s on http://%s:%d (KV pool %d tokens, context %d, %d request slots)",
+            tm.served_model_name, args.host, args.port, ready.max_total_tokens,
+            ready.context_len, ready.max_running_requests,
+        )
+
+    try:
+        server.run()
+    finally:
+        tm.close()
+        children.stop()
+    return 0

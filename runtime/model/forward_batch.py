@@ -1,0 +1,55 @@
+"""What one forward pass reads: token ids, positions, and where each request's KV lives."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from sluice.runtime.memory.kv_buffers import KVBuffers
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"  # prefill: new prompt tokens on top of a (possibly empty) cached prefix
+    DECODE = "decode"  # one new token per request
+
+
+@dataclass
+class ForwardBatch:
+    """One batch of requests for the model.
+
+    Tokens of all requests are concatenated in request order (`[num_tokens]` tensors).
+    Request `i` owns row `req_pool_indices[i]` of `req_to_token`; its first `seq_lens[i]`
+    entries are the KV slots of its whole sequence *including* the tokens of this forward,
+    whose slots are also given flat in `out_cache_loc`. The attention backend writes the new
+    K/V to `out_cache_loc` and attends causally over the request's row.
+    """
+
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    out_cache_loc: torch.Tensor  # [num_tokens] int64, KV slot of each new token
+    req_pool_indices: torch.Tensor  # [batch] int64
+    seq_lens: torch.Tensor  # [batch] int64, prefix + new tokens
+    prefix_lens: torch.Tensor  # [batch] int64, tokens already in the KV cache
+    extend_lens: torch.Tensor  # [batch] int64, new tokens (1 for decode)
+    seq_lens_cpu: list[int]
+    prefix_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    req_to_token: torch.Tensor  # [max_running_requests, max_context_len] int32
+    kv: KVBuffers
+    return_all_logits: bool = False  # tests: logits at every position, not only the last
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def last_token_indices(self) -> torch.Tensor:
+        """Index into the flat token dimension of each request's last new token."""
+        return torch.cumsum(self.extend_lens, dim=0) - 1

@@ -1,0 +1,1 @@
+"""Sampling: logits to next tokens."""

@@ -1,0 +1,1 @@
+"""Batch scheduling: admission, decode set, retraction and the event loop."""

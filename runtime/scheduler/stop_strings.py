@@ -1,0 +1,30 @@
+"""Stop strings, checked in the scheduler so a request stops generating at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sluice.runtime.ipc.messages import FinishReason
+from sluice.runtime.scheduler.request import Req
+
+
+@dataclass
+class StopStringMatcher:
+    """Decodes the tail of a request's output and looks for a stop string ending in it.
+
+    Every token adds at least one character, so a stop string of n characters that ends in
+    the newest token lies within the last n + 1 tokens; older matches were found earlier.
+    """
+
+    decode_text: Callable[[list[int]], str]
+
+    def check(self, req: Req) -> None:
+        if len(req.output_ids) < req.sampling.min_new_tokens:
+            return
+        window = max(len(s) for s in req.sampling.stop) + 1
+        tail = self.decode_text(req.output_ids[-window:])
+        for stop in req.sampling.stop:
+            if stop and stop in tail:
+                req.finish(FinishReason("stop", matched_str=stop))
+                return

