@@ -64,6 +64,10 @@ class ServerArgs:
     in_batch_prefix_deprioritize_threshold: int = _opt(
         32, "lpm: a request sharing at least this many tokens with an earlier one waits a tick."
     )
+    enable_deterministic_inference: bool = _opt(
+        False, "Batch-invariant kernels: a request's tokens do not depend on its batch "
+        "(retraction, chunking and concurrency cannot change an output). Slower.",
+    )
     attention_backend: str = _opt("auto", "Attention implementation.", C.ATTENTION_BACKENDS)
     api_key: str = _opt("", f"Require this bearer token on the API (also ${C.ENV_API_KEY}).")
     random_seed: int = _opt(0, "Seed for requests that give none.")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
 from sluice.runtime.attention.registry import resolve_backend_name
 from sluice.runtime.ipc.messages import SchedulerReady
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
@@ -55,9 +57,10 @@ class ModelWorker:
         if args.torch_threads > 0:
             torch.set_num_threads(args.torch_threads)
         torch.manual_seed(args.random_seed)
-        self.model, self.model_config = load_model(
-            Path(model_path), self.device, self.dtype, attention_backend=args.attention_backend
-        )
+        backend: str | AttentionBackend = args.attention_backend
+        if args.enable_deterministic_inference:
+            backend = BatchInvariantAttentionBackend()
+        self.model, self.model_config = load_model(Path(model_path), self.device, self.dtype, backend)
         self.tokenizer = load_tokenizer(Path(model_path))
         cfg = self.model_config
         eos = set(cfg.eos_token_ids)
@@ -86,6 +89,12 @@ class ModelWorker:
         )
 
     @property
+    def attention_backend_name(self) -> str:
+        if self.args.enable_deterministic_inference:
+            return "batch-invariant"
+        return resolve_backend_name(self.args.attention_backend, self.device)
+
+    @property
     def max_total_tokens(self) -> int:
         return self.allocator.size
 
@@ -102,12 +111,14 @@ class ModelWorker:
             eos_token_ids=self.eos_token_ids,
             device=self.device,
             dtype=str(self.dtype).removeprefix("torch."),
-            attention_backend=resolve_backend_name(self.args.attention_backend, self.device),
+            attention_backend=self.attention_backend_name,
         )
 
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch, rows: list[SamplingRow]) -> SampleOutput:
         fb = batch.to_forward_batch(self.req_pool.req_to_token, self.kv, self.device)
+        if self.args.enable_deterministic_inference:
+            fb = fb.padded(ROW_MULTIPLE)
         logits = self.model.forward(fb)
         keep = [i for i, s in enumerate(batch.sample_mask) if s]
         if not keep:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,6 +40,8 @@ class ForwardBatch:
     req_to_token: torch.Tensor  # [max_running_requests, max_context_len] int32
     kv: KVBuffers
     return_all_logits: bool = False  # tests: logits at every position, not only the last
+    # deterministic mode: every matmul's row count is a multiple of this (see `padded`)
+    row_multiple: int = 1
 
     @property
     def batch_size(self) -> int:
@@ -53,3 +55,20 @@ class ForwardBatch:
     def last_token_indices(self) -> torch.Tensor:
         """Index into the flat token dimension of each request's last new token."""
         return torch.cumsum(self.extend_lens, dim=0) - 1
+
+    def padded(self, multiple: int) -> ForwardBatch:
+        """This batch with dummy tokens appended so the token count is a multiple of
+        `multiple` (at least one multiple). CPU GEMMs give bitwise-equal rows only for such
+        row counts; the dummy tokens belong to no request and write KV to reserved slot 0."""
+        extra = max(multiple, -(-self.num_tokens // multiple) * multiple) - self.num_tokens
+
+        def pad(x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([x, x.new_zeros(extra)]) if extra else x
+
+        return replace(
+            self,
+            input_ids=pad(self.input_ids),
+            positions=pad(self.positions),
+            out_cache_loc=pad(self.out_cache_loc),
+            row_multiple=multiple,
+        )
