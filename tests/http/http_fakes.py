@@ -1,0 +1,113 @@
+"""A scripted stand-in for the TokenizerManager, and helpers to drive the app."""
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.runtime.entrypoints.tokenizer_manager import GenerateChunk
+from sluice.runtime.ipc.messages import FinishReason
+
+MODEL = "tiny-chat"
+CONTEXT_LEN = 64
+REPLY = ["Hello", " world", "!"]
+
+
+@dataclass
+class FakeTM:
+    """Replies REPLY one piece per chunk (cut short at max_new_tokens, with 'length');
+    records every request, and the rids closed before they finished (aborted)."""
+
+    tokenizer: Any
+    served_model_name: str = MODEL
+    context_len: int = CONTEXT_LEN
+    is_ready: bool = True
+    draining: bool = False
+    reply: list[str] = field(default_factory=lambda: list(REPLY))
+    finish: FinishReason = field(default_factory=lambda: FinishReason("stop", matched_token=2))
+    hang: bool = False  # after the reply, wait forever instead of finishing
+    reject: str | None = None  # raise ValueError(reject) up front
+    cached_tokens: int = 3
+    requests: list[tuple[list[int], Any, str]] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+
+    def server_info(self) -> dict[str, Any]:
+        return {"context_len": self.context_len, "inflight_requests": 0}
+
+    async def generate(self, input_ids, sampling, rid=None):
+        if self.reject:
+            raise ValueError(self.reject)
+        self.requests.append((list(input_ids), sampling, rid))
+        pieces = self.reply[: sampling.max_new_tokens]
+        finish = self.finish if len(pieces) == len(self.reply) else FinishReason("length")
+        done = False
+        try:
+            for i, text in enumerate(pieces):
+                await asyncio.sleep(0)
+                last = i == len(pieces) - 1 and not self.hang
+                done = last
+                yield GenerateChunk(
+                    text=text,
+                    token_ids=[10 + i],
+                    finished=finish if last else None,
+                    prompt_tokens=len(input_ids),
+                    completion_tokens=i + 1,
+                    cached_tokens=self.cached_tokens,
+                    logprobs=[-0.5] if sampling.logprobs else [],
+                )
+            if self.hang:
+                await asyncio.Event().wait()
+        finally:
+            if not done:
+                self.aborted.append(rid)
+
+
+def sse_events(response) -> list[Any]:
+    """The decoded `data:` payloads of an SSE response ('[DONE]' kept as a string)."""
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: ") :]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+async def call_asgi(app, path: str, body: dict, disconnect_after_chunks: int) -> list[dict]:
+    """Drive `app` directly, as a client that sends `body` and hangs up after it has seen
+    `disconnect_after_chunks` non-empty body chunks (0: right after sending the request)."""
+    sent: list[dict] = []
+    hang_up = asyncio.Event()
+    request_sent = False
+    if disconnect_after_chunks == 0:
+        hang_up.set()
+
+    async def receive():
+        nonlocal request_sent
+        if not request_sent:
+            request_sent = True
+            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+        await hang_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+        chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
+        if len(chunks) >= disconnect_after_chunks:
+            hang_up.set()
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("test", 80),
+    }
+    await asyncio.wait_for(app(scope, receive, send), 5)
+    return sent

@@ -1,0 +1,219 @@
+"""The pure request rules: validation, defaults and the SamplingParams they build."""
+
+import pytest
+from pydantic import ValidationError
+
+from sluice.runtime.entrypoints import openai_protocol as P
+from sluice.runtime.ipc.messages import FinishReason, SamplingParams
+
+
+def chat(**fields):
+    return P.ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    )
+
+
+def completion(**fields):
+    return P.CompletionRequest.model_validate({"model": "m", "prompt": "hi", **fields})
+
+
+def test_openai_and_extra_fields_map_onto_sampling_params():
+    req = chat(
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        frequency_penalty=0.2,
+        presence_penalty=-0.3,
+        stop="END",
+        stop_token_ids=[5],
+        seed=42,
+        ignore_eos=True,
+        min_tokens=2,
+        skip_special_tokens=False,
+        logprobs=True,
+    )
+    assert P.to_sampling_params(req, prompt_len=10, context_len=100) == SamplingParams(
+        max_new_tokens=7,
+        min_new_tokens=2,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        frequency_penalty=0.2,
+        presence_penalty=-0.3,
+        stop=["END"],
+        stop_token_ids=[5],
+        ignore_eos=True,
+        seed=42,
+        skip_special_tokens=False,
+        logprobs=True,
+    )
+
+
+def test_defaults_are_openais():
+    p = P.to_sampling_params(chat(), prompt_len=10, context_len=100)
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty) == (
+        1.0,
+        1.0,
+        -1,
+        0.0,
+        1.0,
+    )
+    assert p.stop == [] and p.seed is None and not p.logprobs
+
+
+def test_chat_without_max_tokens_may_use_the_rest_of_the_context():
+    assert P.to_sampling_params(chat(), prompt_len=30, context_len=100).max_new_tokens == 70
+
+
+def test_completions_without_max_tokens_default_to_16():
+    assert P.to_sampling_params(completion(), prompt_len=30, context_len=100).max_new_tokens == 16
+
+
+def test_max_completion_tokens_wins_over_max_tokens():
+    req = chat(max_tokens=50, max_completion_tokens=5)
+    assert P.to_sampling_params(req, 10, 100).max_new_tokens == 5
+
+
+def test_a_tiny_temperature_means_greedy_and_top_k_zero_means_off():
+    p = P.to_sampling_params(chat(temperature=1e-7, top_k=0), 10, 100)
+    assert p.temperature == 0.0 and p.top_k == -1 and p.is_greedy
+
+
+def test_stop_is_a_string_or_a_list_and_empty_strings_are_dropped():
+    assert chat(stop="x").stop == ["x"]
+    assert chat(stop=["a", "", "b", "a", "c", "d", "e"]).stop == ["a", "b", "c", "d", "e"]
+    assert chat(stop=None).stop == []
+
+
+def test_a_prompt_is_text_or_token_ids_and_a_singleton_list_is_unwrapped():
+    assert completion(prompt="hi").prompt == "hi"
+    assert completion(prompt=[1, 2]).prompt == [1, 2]
+    assert completion(prompt=["hi"]).prompt == "hi"
+    assert completion(prompt=[[3, 4]]).prompt == [3, 4]
+
+
+def test_several_prompts_are_refused():
+    with pytest.raises(ValidationError, match="2 prompts is not supported"):
+        completion(prompt=["a", "b"])
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"temperature": -0.1},
+        {"temperature": "0.5"},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"max_tokens": 0},
+        {"max_tokens": "10"},
+        {"max_tokens": 2.5},
+        {"n": 0},
+        {"n": P.MAX_N + 1},
+        {"top_k": -2},
+        {"min_p": 1.5},
+        {"repetition_penalty": 0},
+        {"frequency_penalty": 3},
+        {"stream": "yes"},
+        {"stop": 5},
+        {"stop": ["ok", 5]},
+        {"stop_token_ids": [-1]},
+        {"seed": 2**64},
+        {"logit_bias": {"5": 1.0}},
+        {"messages": []},
+        {"messages": [{"role": "", "content": "hi"}]},
+        {"messages": [{"content": "hi"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+    ],
+)
+def test_invalid_fields_are_refused(fields):
+    with pytest.raises(ValidationError):
+        chat(**fields)
+
+
+def test_validation_errors_name_the_field():
+    with pytest.raises(ValidationError) as info:
+        chat(temperature=-1)
+    err = P.from_validation_error(info.value)
+    assert err.status == 400 and err.param == "temperature"
+    assert err.body()["error"]["type"] == "invalid_request_error"
+    assert "temperature" in err.body()["error"]["message"]
+
+
+def test_unknown_fields_are_ignored():
+    req = chat(frobnicate=True, user="u1")
+    assert req.ignored_fields == ["frobnicate"]
+
+
+def test_prompt_plus_max_tokens_beyond_the_context_is_refused():
+    with pytest.raises(P.ProtocolError) as info:
+        P.to_sampling_params(chat(max_tokens=91), prompt_len=10, context_len=100)
+    assert info.value.code == "context_length_exceeded"
+    assert "maximum context length is 100 tokens" in info.value.message
+    assert "101 tokens (10 in the messages, 91 in the completion)" in info.value.message
+
+
+def test_a_prompt_that_fills_the_context_is_refused():
+    with pytest.raises(P.ProtocolError, match="maximum context length"):
+        P.to_sampling_params(chat(), prompt_len=100, context_len=100)
+
+
+def test_min_tokens_above_max_tokens_is_refused():
+    with pytest.raises(P.ProtocolError, match="min_tokens"):
+        P.to_sampling_params(chat(max_tokens=3, min_tokens=4), 10, 100)
+
+
+def test_stream_options_need_stream():
+    with pytest.raises(P.ProtocolError, match="stream_options"):
+        chat(stream_options={"include_usage": True}).check()
+    assert chat(stream=True, stream_options={"include_usage": True}).include_usage
+
+
+def test_top_logprobs_need_logprobs():
+    with pytest.raises(P.ProtocolError, match="top_logprobs"):
+        chat(top_logprobs=2).check()
+
+
+def test_n_choices_get_consecutive_seeds():
+    params = P.to_sampling_params(chat(seed=7), 10, 100)
+    assert [p.seed for p in P.per_choice_params(params, 3, base_seed=99)] == [7, 8, 9]
+    unseeded = P.to_sampling_params(chat(), 10, 100)
+    assert [p.seed for p in P.per_choice_params(unseeded, 2, base_seed=99)] == [99, 100]
+    assert P.per_choice_params(unseeded, 1, base_seed=99)[0].seed is None
+
+
+def test_derived_seeds_wrap_within_int64():
+    params = P.to_sampling_params(chat(seed=P.SEED_MAX), 10, 100)
+    assert [p.seed for p in P.per_choice_params(params, 2, 0)] == [P.SEED_MAX, P.SEED_MIN]
+
+
+def test_finish_reasons_map_to_openais():
+    assert P.finish_reason(None) is None
+    assert P.finish_reason(FinishReason("stop", matched_token=2)) == "stop"
+    assert P.finish_reason(FinishReason("length")) == "length"
+    assert P.finish_reason(FinishReason("abort", message="x")) == "abort"
+    assert P.stop_reason(FinishReason("stop", matched_str="###")) == "###"
+
+
+def test_native_generate_params_use_sglang_names_and_default_to_128_tokens():
+    req = P.GenerateRequest.model_validate(
+        {"text": "hi", "sampling_params": {"temperature": 0, "stop": "x", "min_new_tokens": 1}}
+    )
+    p = P.native_sampling_params(req, prompt_len=10, context_len=1000)
+    assert (p.max_new_tokens, p.temperature, p.stop, p.min_new_tokens) == (128, 0.0, ["x"], 1)
+    assert P.native_sampling_params(req, prompt_len=10, context_len=50).max_new_tokens == 40
+
+
+def test_null_fields_take_their_defaults():
+    req = completion(n=None, stream=None, max_tokens=None, stop=None, temperature=None)
+    assert (req.n, req.stream, req.max_tokens, req.stop, req.temperature) == (
+        1,
+        False,
+        16,
+        [],
+        None,
+    )
