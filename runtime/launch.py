@@ -55,7 +55,9 @@ class ChildProcesses:
                 name="scheduler",
             ),
             ctx.Process(
-                target=run_detokenizer_process, args=(str(model_path), port_args), name="detokenizer"
+                target=run_detokenizer_process,
+                args=(str(model_path), port_args, args.log_level),
+                name="detokenizer",
             ),
         ]
         for p in self.procs:

@@ -51,7 +51,9 @@ class BatchInvariantAttentionBackend(AttentionBackend):
         rows = batch.req_pool_indices.tolist()
         self._requests = []
         start = 0
-        for row, prefix, extend in zip(rows, batch.prefix_lens_cpu, batch.extend_lens_cpu, strict=True):
+        for row, prefix, extend in zip(
+            rows, batch.prefix_lens_cpu, batch.extend_lens_cpu, strict=True
+        ):
             seq_len = prefix + extend
             padded_len = round_up(seq_len, SPLIT)
             padded_q = round_up(extend, ROW_MULTIPLE)
@@ -96,10 +98,16 @@ class BatchInvariantAttentionBackend(AttentionBackend):
         keys = k_cache.index_select(0, req.slots).to(q.dtype)
         values = v_cache.index_select(0, req.slots).to(q.dtype)
         keys = keys.view(splits, SPLIT, kv_heads, dim).permute(2, 0, 3, 1)  # [kvh, splits, dim, S]
-        values = values.view(splits, SPLIT, kv_heads, dim).permute(2, 0, 1, 3)  # [kvh, splits, S, dim]
-        scores = torch.matmul(queries.contiguous(), keys.contiguous()) * scale  # [kvh, splits, rows, S]
+        values = values.view(splits, SPLIT, kv_heads, dim).permute(
+            2, 0, 1, 3
+        )  # [kvh, splits, S, dim]
+        scores = (
+            torch.matmul(queries.contiguous(), keys.contiguous()) * scale
+        )  # [kvh, splits, rows, S]
         visible = req.visible.view(req.padded_queries, 1, splits, SPLIT)
-        visible = visible.expand(req.padded_queries, group, splits, SPLIT).reshape(rows, splits, SPLIT)
+        visible = visible.expand(req.padded_queries, group, splits, SPLIT).reshape(
+            rows, splits, SPLIT
+        )
         scores = scores.masked_fill(~visible.permute(1, 0, 2)[None], float("-inf"))
         peak = scores.amax(dim=(1, 3), keepdim=True)  # max is exact in any order
         weights = torch.exp(scores - peak)

@@ -13,8 +13,9 @@ from sluice.runtime.scheduler.request import Req
 class StopStringMatcher:
     """Decodes the tail of a request's output and looks for a stop string ending in it.
 
-    Every token adds at least one character, so a stop string of n characters that ends in
-    the newest token lies within the last n + 1 tokens; older matches were found earlier.
+    A character is at most 4 bytes and a byte-level token at least one byte, so a stop
+    string of n characters that ends in the newest token lies within the last 4n + 1
+    tokens; older matches were found earlier. (The detokenizer checks the full text too.)
     """
 
     decode_text: Callable[[list[int]], str]
@@ -22,7 +23,7 @@ class StopStringMatcher:
     def check(self, req: Req) -> None:
         if len(req.output_ids) < req.sampling.min_new_tokens:
             return
-        window = max(len(s) for s in req.sampling.stop) + 1
+        window = 4 * max(len(s) for s in req.sampling.stop) + 1
         tail = self.decode_text(req.output_ids[-window:])
         for stop in req.sampling.stop:
             if stop and stop in tail:
