@@ -71,7 +71,7 @@ class ModelWorker:
         per_token = bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype)
         page = args.page_size
         total = size_kv_pool(args, self.device, per_token) // page * page
-        context = args.max_context_len or cfg.max_position_embeddings
+        context = args.max_context_len or cfg.context_length
         # one request alone must always fit the pool, so retraction can always make progress
         self.context_len = min(context, total - page)
         if self.context_len < 2:

@@ -1,0 +1,315 @@
+"""Serving benchmark for Sluice, in the style of SGLang's `bench_serving`.
+
+Sends a random (or shared-prefix) dataset to a running server's streaming
+`/v1/completions`, measures TTFT, ITL, TPOT and E2E per request and throughput overall,
+then runs Hugging Face transformers' `generate` (static batching) on the same prompts as a
+peer and prints the ratio. See benchmarks/README.md.
+
+    python -m benchmarks.bench_serving --launch-server --num-prompts 64 \
+        --random-input-len 512 --random-output-len 256 --random-range-ratio 0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import resource
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.serving import client, dataset, metrics, report  # noqa: E402
+from benchmarks.serving import peer as hf_peer  # noqa: E402
+from sluice.runtime import constants as C  # noqa: E402
+
+
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class BenchArgs:
+    backend: str = _opt(
+        "sluice", "Server kind; the payload is OpenAI completions plus ignore_eos.", ("sluice",)
+    )
+    base_url: str = _opt(f"http://{C.DEFAULT_HOST}:{C.DEFAULT_PORT}", "Server address.")
+    launch_server: bool = _opt(
+        False,
+        "Start `python -m sluice.runtime serve` on --base-url's port, "
+        "run, then stop it (SIGTERM, then kill).",
+    )
+    server_args: str = _opt("", "Extra flags for the launched server, as one string.")
+    server_timeout: float = _opt(900.0, "Seconds to wait for the launched server's /health.")
+    model: str = _opt(
+        C.BUNDLED_MODEL_NAME,
+        "Model the server serves (a folder or the bundled name); --launch-server serves it.",
+    )
+    model_path: str = _opt(
+        "",
+        "Local Hugging Face folder for the tokenizer and the peer "
+        "(default: --model's folder, or the bundled model's cache).",
+    )
+    model_cache_dir: str = _opt(
+        "",
+        "The server's --model-cache-dir, where the bundled model is converted to "
+        "(default: the runtime's, ~/.cache/sluice); passed on to a launched server.",
+    )
+    served_model_name: str = _opt("", "`model` field of requests (default: from GET /v1/models).")
+    api_key: str = _opt("", f"Bearer token for the server (also ${C.ENV_API_KEY}).")
+    dataset_name: str = _opt("random", "Prompt set.", dataset.DATASETS)
+    num_prompts: int = _opt(64, "Number of requests.")
+    random_input_len: int = _opt(512, "Longest prompt (shared-prefix: longest own part), tokens.")
+    random_output_len: int = _opt(256, "Longest output, tokens.")
+    random_range_ratio: float = _opt(0.25, "Lengths are uniform in [len * ratio, len].")
+    shared_prefix_len: int = _opt(
+        256, "shared-prefix: tokens of the prefix every prompt starts with."
+    )
+    seed: int = _opt(1, "Seed for lengths, prompts and arrivals.")
+    request_rate: float = _opt(math.inf, "Requests per second, Poisson arrivals (inf: all at t=0).")
+    max_concurrency: int = _opt(0, "Most requests in flight at once (0: no cap).")
+    disable_ignore_eos: bool = _opt(False, "Let requests stop at EOS (outputs may be shorter).")
+    extra_request_body: str = _opt("", "JSON object merged into every request body.")
+    warmup_requests: int = _opt(1, "Short requests sent before the clock starts.")
+    output_file: str = _opt("", "Write the results as JSON here.")
+    output_details: bool = _opt(False, "Add every request's timings and text to the JSON.")
+    peer: str = _opt("hf", "Peer run on the same prompts after the server run.", ("hf", "none"))
+    peer_batch_size: int = _opt(
+        0,
+        "Peer static batch size (0: --max-concurrency if set, "
+        f"else {hf_peer.DEFAULT_PEER_BATCH_SIZE}).",
+    )
+    peer_threads: int = _opt(0, "torch threads for the peer (0: every core this process may use).")
+
+    def validate(self) -> None:
+        problems = []
+        if self.num_prompts < 1:
+            problems.append("--num-prompts must be >= 1")
+        if self.random_input_len < 1 or self.random_output_len < 1:
+            problems.append("--random-input-len and --random-output-len must be >= 1")
+        if not 0.0 <= self.random_range_ratio <= 1.0:
+            problems.append("--random-range-ratio must be in [0, 1]")
+        if self.request_rate <= 0:
+            problems.append("--request-rate must be > 0 (inf: all at once)")
+        if self.max_concurrency < 0:
+            problems.append("--max-concurrency must be >= 0")
+        if self.dataset_name == "shared-prefix" and self.shared_prefix_len < 1:
+            problems.append("--shared-prefix-len must be >= 1")
+        if self.extra_request_body:
+            try:
+                if not isinstance(json.loads(self.extra_request_body), dict):
+                    problems.append("--extra-request-body must be a JSON object")
+            except json.JSONDecodeError as exc:
+                problems.append(f"--extra-request-body is not JSON: {exc}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @staticmethod
+    def parser() -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+        for f in dataclasses.fields(BenchArgs):
+            flag = "--" + f.name.replace("_", "-")
+            if f.type in ("bool", bool):
+                parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+                continue
+            kind = {"int": int, "float": float, "str": str}[str(f.type)]
+            parser.add_argument(
+                flag,
+                type=kind,
+                default=f.default,
+                choices=f.metadata["choices"],
+                help=f"{f.metadata['help']} (default: {f.default!r})",
+            )
+        parser.add_argument(
+            "--no-peer",
+            dest="peer",
+            action="store_const",
+            const="none",
+            help="Skip the peer (same as --peer none).",
+        )
+        return parser
+
+    @classmethod
+    def from_cli(cls, argv: list[str] | None = None) -> BenchArgs:
+        parser = cls.parser()
+        ns = parser.parse_args(argv)
+        values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
+        if not values["api_key"]:
+            values["api_key"] = os.environ.get(C.ENV_API_KEY, "")
+        args = cls(**values)
+        try:
+            args.validate()
+        except ValueError as exc:
+            parser.error(str(exc))
+        return args
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "api_key"}
+
+
+def resolve_model_path(args: BenchArgs) -> Path:
+    """The local folder holding the tokenizer and the weights the server serves."""
+    if args.model_path:
+        return Path(args.model_path)
+    if Path(args.model).is_dir():
+        return Path(args.model)
+    try:  # the runtime's own resolution: the bundled name or a GGUF file -> its cache folder
+        from sluice.runtime.model.loader import default_cache_dir
+        from sluice.runtime.model.loader import resolve_model_path as runtime_resolve
+    except ImportError as exc:
+        raise SystemExit(
+            f"cannot find the folder of model {args.model!r} ({exc}); pass --model-path"
+        ) from exc
+    cache_dir = Path(args.model_cache_dir) if args.model_cache_dir else default_cache_dir()
+    return Path(runtime_resolve(args.model, cache_dir))
+
+
+def build_dataset(args: BenchArgs, tokenizer: Any) -> tuple[list[dataset.BenchRequest], int | None]:
+    common = dict(
+        num_prompts=args.num_prompts,
+        input_len=args.random_input_len,
+        output_len=args.random_output_len,
+        range_ratio=args.random_range_ratio,
+        seed=args.seed,
+    )
+    if args.dataset_name == "shared-prefix":
+        return dataset.sample_shared_prefix_requests(
+            tokenizer, shared_prefix_len=args.shared_prefix_len, **common
+        )
+    return dataset.sample_random_requests(tokenizer, **common), None
+
+
+async def run_serving(
+    args: BenchArgs, requests: list[dataset.BenchRequest], warmup: dataset.BenchRequest
+) -> tuple[list[metrics.RequestResult], float]:
+    model = args.served_model_name or await client.fetch_model_id(args.base_url, args.api_key)
+    config = client.LoadConfig(
+        url=args.base_url.rstrip("/") + client.COMPLETIONS_PATH,
+        model=model or args.model,
+        request_rate=args.request_rate,
+        max_concurrency=args.max_concurrency,
+        ignore_eos=not args.disable_ignore_eos,
+        seed=args.seed,
+        api_key=args.api_key,
+        extra_body=json.loads(args.extra_request_body) if args.extra_request_body else {},
+    )
+    print(f"model {config.model!r} at {config.url}; warm-up: {args.warmup_requests} request(s)")
+    await client.warm_up(config, warmup, args.warmup_requests)
+    print(
+        f"sending {len(requests)} requests (rate {args.request_rate}, "
+        f"max concurrency {args.max_concurrency or 'not set'})",
+        flush=True,
+    )
+    return await client.run_load(config, requests)
+
+
+def _process_peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def measure_server(
+    args: BenchArgs, requests: list[dataset.BenchRequest], warmup: dataset.BenchRequest
+) -> tuple[list[metrics.RequestResult], float, float | None]:
+    """The server run: results, duration, and the launched server's peak RSS (None when the
+    server is not ours to measure)."""
+    if not args.launch_server:
+        return *asyncio.run(run_serving(args, requests, warmup)), None
+    from benchmarks.serving.server import launched_server, serve_command
+
+    extra = args.server_args
+    if args.model_cache_dir:
+        extra += f" --model-cache-dir {shlex.quote(args.model_cache_dir)}"
+    command = serve_command(args.model, args.base_url, extra)
+    with launched_server(command, args.base_url, args.server_timeout) as server:
+        results, duration = asyncio.run(run_serving(args, requests, warmup))
+        return results, duration, server.peak_rss_mib()
+
+
+def run_notes(
+    args: BenchArgs, served: metrics.ServingMetrics, peer_setup: tuple[int, int] | None
+) -> list[str]:
+    """What a reader of the numbers must know; `peer_setup` is (batch size, threads)."""
+    where = (
+        "the launched server was stopped before the peer started"
+        if args.launch_server
+        else "the external server stayed up, idle"
+    )
+    notes = [f"The server and the peer ran one after another, not at the same time ({where})."]
+    if peer_setup is not None:
+        batch_size, threads = peer_setup
+        notes.append(
+            f"Peer: transformers generate, fp32 on the CPU, {threads} torch threads, "
+            f"static batches of {batch_size} in arrival order, left padding, greedy, "
+            "each batch generating its longest request's length."
+        )
+        if not math.isinf(args.request_rate):
+            notes.append("The peer ignores --request-rate: all its requests arrive at t=0.")
+    if served.output_len_mismatches:
+        notes.append(
+            f"{served.output_len_mismatches} server request(s) returned a different number "
+            "of tokens than asked; throughputs compare unequal work."
+        )
+    if served.usage_missing:
+        notes.append(
+            f"{served.usage_missing} stream(s) had no usage chunk; their output tokens were "
+            "counted as text chunks."
+        )
+    return notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = BenchArgs.from_cli(argv)
+    from transformers import AutoTokenizer
+
+    model_path = resolve_model_path(args)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    requests, shared_prefix = build_dataset(args, tokenizer)
+    warmup = dataset.warmup_request(tokenizer, args.seed)
+    summary = dataset.DatasetSummary.of(requests, shared_prefix)
+    print(report.format_dataset(args.dataset_name, summary), flush=True)
+
+    results, duration, server_rss = measure_server(args, requests, warmup)
+    served = metrics.compute_metrics(results, duration)
+    serving_table = report.format_serving(
+        served, args.backend, args.request_rate, args.max_concurrency, server_rss
+    )
+    print(serving_table, flush=True)
+    failures = [r.error for r in results if not r.success]
+    if failures:
+        print(f"{len(failures)} request(s) failed; first error: {failures[0]}")
+
+    peer_metrics = peer_rss = ratios = peer_setup = None
+    if args.peer == "hf":
+        batch_size = hf_peer.peer_batch_size(args.peer_batch_size, args.max_concurrency)
+        threads = args.peer_threads or hf_peer.available_cores()
+        peer_setup = (batch_size, threads)
+        batches = hf_peer.run_hf_peer(model_path, requests, batch_size, threads)
+        peer_metrics = metrics.compute_peer_metrics(batches, batch_size)
+        peer_rss = _process_peak_rss_mib()
+        ratios = metrics.compare(served, peer_metrics)
+        print(report.format_peer(peer_metrics, peer_rss))
+        print(report.format_comparison(ratios))
+    notes = run_notes(args, served, peer_setup)
+    print(report.format_notes(notes))
+
+    if args.output_file:
+        details = results if args.output_details else None
+        doc = report.result_document(
+            args.to_dict(), summary, served, server_rss, peer_metrics, peer_rss, ratios, notes,
+            details,
+        )  # fmt: skip
+        report.write_json(Path(args.output_file), doc)
+        print(f"results written to {args.output_file}")
+    return 0 if served.completed == len(requests) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

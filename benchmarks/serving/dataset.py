@@ -1,0 +1,182 @@
+"""Benchmark prompts made of random tokens from the served model's own tokenizer.
+
+A prompt is drawn as random token ids, decoded to text and re-encoded; ids are trimmed or
+topped up until the text re-encodes to the target length (a few rounds at most), so the
+length is exact for most tokenizers and off by a token or two for byte-level BPE at worst.
+`prompt_len` is always the real count: `len(tokenizer.encode(prompt))` without special
+tokens, never the target.
+
+Lengths are drawn uniformly from `[max(int(len * ratio), 1), len]` like SGLang's random
+dataset. Everything is a function of `seed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+DATASETS = ("random", "shared-prefix")
+# Put between the shared prefix and each request's own part, so that the prefix ends on a
+# token boundary for the usual pre-tokenizers.
+PREFIX_SEPARATOR = "\n\n"
+_FIT_ROUNDS = 16
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt: str
+    prompt_len: int  # tokens of `prompt` as the tokenizer re-encodes it (no special tokens)
+    output_len: int  # the request's max_tokens (exact with ignore_eos)
+
+
+@dataclass(frozen=True)
+class DatasetSummary:
+    num_requests: int
+    total_input_tokens: int
+    total_output_tokens: int
+    input_len_min: int
+    input_len_mean: float
+    input_len_max: int
+    output_len_min: int
+    output_len_mean: float
+    output_len_max: int
+    shared_prefix_tokens: int | None = None  # tokens every prompt starts with (shared-prefix)
+
+    @classmethod
+    def of(
+        cls, requests: Sequence[BenchRequest], shared_prefix_tokens: int | None = None
+    ) -> DatasetSummary:
+        ins = [r.prompt_len for r in requests]
+        outs = [r.output_len for r in requests]
+        return cls(
+            num_requests=len(requests),
+            total_input_tokens=sum(ins),
+            total_output_tokens=sum(outs),
+            input_len_min=min(ins),
+            input_len_mean=float(np.mean(ins)),
+            input_len_max=max(ins),
+            output_len_min=min(outs),
+            output_len_mean=float(np.mean(outs)),
+            output_len_max=max(outs),
+            shared_prefix_tokens=shared_prefix_tokens,
+        )
+
+
+def sample_lengths(rng: np.random.Generator, length: int, range_ratio: float, n: int) -> list[int]:
+    """`n` lengths drawn uniformly from `[max(int(length * range_ratio), 1), length]`."""
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}")
+    if not 0.0 <= range_ratio <= 1.0:
+        raise ValueError(f"range ratio must be in [0, 1], got {range_ratio}")
+    low = max(int(length * range_ratio), 1)
+    return [int(x) for x in rng.integers(low, length + 1, size=n)]
+
+
+def token_pool(tokenizer: Any) -> np.ndarray:
+    """Ids a random prompt may use: the vocabulary minus special and added tokens and minus
+    byte-level pieces that are not whole characters (they decode to U+FFFD, which re-encodes
+    to other tokens)."""
+    excluded = set(tokenizer.all_special_ids)
+    excluded |= set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    candidates = sorted(set(tokenizer.get_vocab().values()) - excluded)
+    pieces = tokenizer.batch_decode([[i] for i in candidates])
+    pool = [i for i, piece in zip(candidates, pieces, strict=True) if "\ufffd" not in piece]
+    if not pool:
+        raise ValueError("the tokenizer has no ordinary tokens to build prompts from")
+    return np.asarray(pool, dtype=np.int64)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def random_text(
+    tokenizer: Any, pool: np.ndarray, length: int, rng: np.random.Generator
+) -> tuple[str, int]:
+    """Text of random tokens that re-encodes to `length` tokens if it can; returns (text, real)."""
+    ids = [int(i) for i in rng.choice(pool, size=length)]
+    text = tokenizer.decode(ids)
+    for _ in range(_FIT_ROUNDS):
+        real = _encode(tokenizer, text)
+        if len(real) == length:
+            return text, length
+        if len(real) > length:
+            ids = real[:length]
+        else:
+            ids = real + [int(i) for i in rng.choice(pool, size=length - len(real))]
+        text = tokenizer.decode(ids)
+    return text, len(_encode(tokenizer, text))
+
+
+def sample_random_requests(
+    tokenizer: Any,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    seed: int,
+) -> list[BenchRequest]:
+    rng = np.random.default_rng(seed)
+    input_lens = sample_lengths(rng, input_len, range_ratio, num_prompts)
+    output_lens = sample_lengths(rng, output_len, range_ratio, num_prompts)
+    pool = token_pool(tokenizer)
+    requests = []
+    for n_in, n_out in zip(input_lens, output_lens, strict=True):
+        text, real = random_text(tokenizer, pool, n_in, rng)
+        requests.append(BenchRequest(prompt=text, prompt_len=real, output_len=n_out))
+    return requests
+
+
+def sample_shared_prefix_requests(
+    tokenizer: Any,
+    num_prompts: int,
+    shared_prefix_len: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    seed: int,
+) -> tuple[list[BenchRequest], int]:
+    """Prompts that all start with one `shared_prefix_len`-token system prefix.
+
+    Each prompt is `prefix + PREFIX_SEPARATOR + own part`, the own part's length drawn like
+    the random dataset's input length. Returns the requests and the number of leading
+    tokens every prompt really shares with the prefix once tokenized (what a radix cache can
+    reuse at best).
+    """
+    rng = np.random.default_rng(seed)
+    input_lens = sample_lengths(rng, input_len, range_ratio, num_prompts)
+    output_lens = sample_lengths(rng, output_len, range_ratio, num_prompts)
+    pool = token_pool(tokenizer)
+    prefix, _ = random_text(tokenizer, pool, shared_prefix_len, rng)
+    prefix_ids = _encode(tokenizer, prefix)
+    requests = []
+    shared = len(prefix_ids)
+    for n_in, n_out in zip(input_lens, output_lens, strict=True):
+        own, _ = random_text(tokenizer, pool, n_in, rng)
+        prompt = prefix + PREFIX_SEPARATOR + own
+        ids = _encode(tokenizer, prompt)
+        shared = min(shared, common_prefix_len(prefix_ids, ids))
+        requests.append(BenchRequest(prompt=prompt, prompt_len=len(ids), output_len=n_out))
+    return requests, shared
+
+
+def warmup_request(
+    tokenizer: Any, seed: int, prompt_len: int = 32, output_len: int = 16
+) -> BenchRequest:
+    """A short request unlike any in the dataset (its own random stream), so that warming
+    the server up puts nothing in its prefix cache that a timed request could hit."""
+    rng = np.random.default_rng([seed, 2])
+    text, real = random_text(tokenizer, token_pool(tokenizer), prompt_len, rng)
+    return BenchRequest(prompt=text, prompt_len=real, output_len=output_len)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

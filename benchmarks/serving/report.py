@@ -1,0 +1,179 @@
+"""The printed table (laid out like SGLang's) and the JSON document of one run."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.serving.dataset import DatasetSummary
+from benchmarks.serving.metrics import LatencySummary, PeerMetrics, RequestResult, ServingMetrics
+
+WIDTH = 50
+
+
+def _heading(title: str, fill: str) -> str:
+    return f"{' ' + title + ' ' if fill == '=' else title:{fill}^{WIDTH}}"
+
+
+def _row(label: str, value: object) -> str:
+    if value is None:
+        text = "n/a"
+    elif isinstance(value, float):
+        text = "inf" if math.isinf(value) else f"{value:.2f}"
+    else:
+        text = str(value)
+    return f"{label:<40} {text:<10}"
+
+
+def _latency_rows(title: str, name: str, summary: LatencySummary | None) -> list[str]:
+    return [
+        _heading(title, "-"),
+        _row(f"Mean {name} (ms):", summary.mean_ms if summary else None),
+        _row(f"Median {name} (ms):", summary.median_ms if summary else None),
+        _row(f"P99 {name} (ms):", summary.p99_ms if summary else None),
+    ]
+
+
+def format_dataset(name: str, summary: DatasetSummary) -> str:
+    lines = [
+        _heading(f"Dataset: {name}", "="),
+        _row("Requests:", summary.num_requests),
+        _row("Input tokens (total):", summary.total_input_tokens),
+        _row(
+            "Input tokens (min/mean/max):",
+            f"{summary.input_len_min}/{summary.input_len_mean:.0f}/{summary.input_len_max}",
+        ),
+        _row("Output tokens asked (total):", summary.total_output_tokens),
+        _row(
+            "Output tokens (min/mean/max):",
+            f"{summary.output_len_min}/{summary.output_len_mean:.0f}/{summary.output_len_max}",
+        ),
+    ]
+    if summary.shared_prefix_tokens is not None:
+        lines.append(_row("Shared prefix tokens:", summary.shared_prefix_tokens))
+    return "\n".join(lines)
+
+
+def format_serving(
+    m: ServingMetrics,
+    backend: str,
+    request_rate: float,
+    max_concurrency: int,
+    server_peak_rss_mib: float | None,
+) -> str:
+    lines = [
+        _heading("Serving Benchmark Result", "="),
+        _row("Backend:", backend),
+        _row("Traffic request rate:", request_rate),
+        _row("Max request concurrency:", max_concurrency or "not set"),
+        _row("Successful requests:", m.completed),
+        _row("Failed requests:", m.failed),
+        _row("Benchmark duration (s):", m.duration_s),
+        _row("Total input tokens:", m.total_input_tokens),
+        _row("Total generated tokens:", m.total_output_tokens),
+        _row("Request throughput (req/s):", m.request_throughput),
+        _row("Input token throughput (tok/s):", m.input_throughput),
+        _row("Output token throughput (tok/s):", m.output_throughput),
+        _row("Total token throughput (tok/s):", m.total_throughput),
+        _row("Mean concurrency:", m.mean_concurrency),
+        _row("Peak concurrency:", m.peak_concurrency),
+    ]
+    if m.cached_tokens is not None:
+        lines.append(_row("Cached prompt tokens (server):", m.cached_tokens))
+    if server_peak_rss_mib is not None:
+        lines.append(_row("Server peak RSS, all processes (MiB):", server_peak_rss_mib))
+    lines += _latency_rows("End-to-End Latency", "E2E Latency", m.e2e)
+    lines += _latency_rows("Time to First Token", "TTFT", m.ttft)
+    lines += _latency_rows("Time per Output Token (excl. 1st token)", "TPOT", m.tpot)
+    lines += _latency_rows("Inter-Token Latency", "ITL", m.itl)
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
+def format_peer(p: PeerMetrics, peak_rss_mib: float | None) -> str:
+    lines = [
+        _heading("Peer: transformers generate", "="),
+        _row("Static batch size:", p.batch_size),
+        _row("Successful requests:", p.completed),
+        _row("Benchmark duration (s):", p.duration_s),
+        _row("Total input tokens:", p.total_input_tokens),
+        _row("Total generated tokens:", p.total_output_tokens),
+        _row("Tokens computed incl. padded rows:", p.generated_tokens),
+        _row("Request throughput (req/s):", p.request_throughput),
+        _row("Output token throughput (tok/s):", p.output_throughput),
+        _row("Total token throughput (tok/s):", p.total_throughput),
+    ]
+    if peak_rss_mib is not None:
+        lines.append(_row("Benchmark process peak RSS (MiB):", peak_rss_mib))
+    lines += _latency_rows("End-to-End Latency", "E2E Latency", p.e2e)
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str | None:
+    return None if value is None else f"{value:.3g}x"
+
+
+def format_comparison(ratios: dict[str, float | None]) -> str:
+    return "\n".join(
+        [
+            _heading("Sluice / peer", "="),
+            _row(
+                "Output throughput (higher is better):",
+                _ratio(ratios["output_throughput_sluice_over_peer"]),
+            ),
+            _row(
+                "Mean E2E latency (lower is better):",
+                _ratio(ratios["mean_e2e_sluice_over_peer"]),
+            ),
+            "=" * WIDTH,
+        ]
+    )
+
+
+def format_notes(notes: Sequence[str]) -> str:
+    return "\n".join(["Notes:", *(f"- {n}" for n in notes)])
+
+
+def _jsonable(value: Any) -> Any:
+    """Strict JSON: infinities become the string 'inf'."""
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def result_document(
+    config: dict[str, Any],
+    dataset: DatasetSummary,
+    sluice: ServingMetrics,
+    server_peak_rss_mib: float | None,
+    peer: PeerMetrics | None,
+    peer_peak_rss_mib: float | None,
+    ratios: dict[str, float | None] | None,
+    notes: Sequence[str],
+    details: Sequence[RequestResult] | None = None,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "config": config,
+        "dataset": asdict(dataset),
+        "sluice": {**sluice.to_dict(), "server_peak_rss_mib": server_peak_rss_mib},
+        "peer": {**peer.to_dict(), "peak_rss_mib": peer_peak_rss_mib} if peer else None,
+        "ratios": ratios,
+        "notes": list(notes),
+    }
+    if details is not None:
+        doc["requests"] = [asdict(r) for r in details]
+    return _jsonable(doc)
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")

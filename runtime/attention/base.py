@@ -1,0 +1,59 @@
+"""The contract every attention backend (torch, triton, flashinfer) fulfils."""
+
+from __future__ import annotations
+
+import abc
+import math
+
+import torch
+
+from sluice.runtime.model.forward_batch import ForwardBatch
+
+
+class AttentionBackend(abc.ABC):
+    """Paged causal attention over the KV cache, for extend (prefill) and decode batches.
+
+    Call order per forward pass:
+
+    1. `init_forward_metadata(batch)` once, before the first layer. It derives from the
+       batch whatever every layer reuses (gather indices, masks, kernel plans), so the
+       per-layer `forward` does no host-side work that depends only on the batch.
+    2. `forward(q, k, v, layer_id, batch)` once per layer, where
+       - `q` is `[num_tokens, num_heads, head_dim]`, `k` and `v` are
+         `[num_tokens, num_kv_heads, head_dim]` for the new tokens of this forward, with
+         RoPE already applied to `q` and `k`, tokens of all requests concatenated in
+         request order (`batch.extend_lens[i]` tokens for request `i`);
+       - it first stores `k`/`v` in `batch.kv` for layer `layer_id` at slots
+         `batch.out_cache_loc`;
+       - then each new token of request `i` attends to the KV slots
+         `batch.req_to_token[batch.req_pool_indices[i], :batch.seq_lens[i]]`, causally: new
+         token `j` sits at absolute position `prefix_lens[i] + j` and sees slots `0` through
+         that position (a decode token sees all `seq_lens[i]` slots);
+       - GQA: query head `h` uses KV head `h // (num_heads // num_kv_heads)`;
+       - scores are scaled by `scale` (default `1 / sqrt(head_dim)`);
+       - it returns `[num_tokens, num_heads, head_dim]` in `q`'s dtype.
+
+    Slot 0 of the KV buffers is never allocated, so a backend may point padding at it.
+    Backends hold no per-request state between forwards.
+    """
+
+    def __init__(self, scale: float | None = None) -> None:
+        self.scale = scale
+
+    def scale_for(self, head_dim: int) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(head_dim)
+
+    @abc.abstractmethod
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Prepare what all layers of this forward share; called once before the layers."""
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """Store `k`/`v` at `batch.out_cache_loc`, then attend; see the class docstring."""

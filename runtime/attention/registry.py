@@ -1,0 +1,35 @@
+"""Choose an attention backend by name (`--attention-backend`)."""
+
+from __future__ import annotations
+
+import torch
+
+from sluice.runtime import constants
+from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.torch_backend import TorchAttentionBackend
+
+_NOT_YET_AVAILABLE = ("triton", "flashinfer")
+
+
+def resolve_backend_name(name: str, device: str | torch.device) -> str:
+    """The concrete backend `name` stands for on `device` (`auto` picks by device)."""
+    if name not in constants.ATTENTION_BACKENDS:
+        raise ValueError(
+            f"unknown attention backend {name!r}; choose one of {', '.join(constants.ATTENTION_BACKENDS)}"
+        )
+    if name == "auto":
+        # torch everywhere until the triton and flashinfer backends exist
+        return "torch"
+    return name
+
+
+def create_attention_backend(
+    name: str, device: str | torch.device, *, scale: float | None = None
+) -> AttentionBackend:
+    """Build the backend `name` for `device`; `scale` defaults to `1 / sqrt(head_dim)`."""
+    resolved = resolve_backend_name(name, device)
+    if resolved in _NOT_YET_AVAILABLE:
+        raise ValueError(
+            f"attention backend {resolved!r} is not available yet; use 'torch' or 'auto'"
+        )
+    return TorchAttentionBackend(scale=scale)

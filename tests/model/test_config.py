@@ -1,0 +1,133 @@
+"""`ModelConfig` reads what the runtime needs from HF configs, old and new spellings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sluice.runtime.model.config import ModelConfig, RopeScaling
+from sluice.runtime.model.llama import LlamaForCausalLM, model_class_for
+from sluice.runtime.model.rotary import rope_inv_freq
+
+BASE = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "eos_token_id": 2,
+}
+
+
+def config(**overrides: object) -> ModelConfig:
+    return ModelConfig.from_dict({**BASE, **overrides})
+
+
+def test_head_dim_is_derived_unless_given() -> None:
+    assert config().head_dim == 16
+    assert config(head_dim=32).head_dim == 32
+
+
+def test_kv_heads_default_to_attention_heads() -> None:
+    raw = {k: v for k, v in BASE.items() if k != "num_key_value_heads"}
+    assert ModelConfig.from_dict(raw).num_key_value_heads == 4
+
+
+def test_qwen2_has_qkv_bias_and_llama_follows_attention_bias() -> None:
+    qwen2 = config(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    assert (qwen2.qkv_bias, qwen2.o_bias) == (True, False)
+    assert (config().qkv_bias, config().o_bias) == (False, False)
+    assert (config(attention_bias=True).qkv_bias, config(attention_bias=True).o_bias) == (
+        True,
+        True,
+    )
+
+
+def test_eos_ids_join_config_and_generation_config(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, "eos_token_id": 128001}))
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [128001, 128008, 128009]})
+    )
+    assert ModelConfig.from_pretrained(tmp_path).eos_token_ids == (128001, 128008, 128009)
+
+
+def test_missing_config_json_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        ModelConfig.from_pretrained(tmp_path)
+
+
+def test_legacy_rope_scaling_keys_are_read() -> None:
+    legacy = config(
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
+    assert legacy.rope_theta == 500000.0
+    assert legacy.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+    linear = config(rope_scaling={"type": "linear", "factor": 2.0})
+    assert (linear.rope_scaling.rope_type, linear.rope_scaling.factor) == ("linear", 2.0)
+
+
+def test_transformers5_rope_parameters_are_read() -> None:
+    new = config(rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
+    assert new.rope_theta == 100000.0
+    assert new.rope_scaling.rope_type == "default"
+
+
+def test_unsupported_rope_type_is_rejected() -> None:
+    with pytest.raises(ValueError, match="yarn"):
+        config(rope_scaling={"rope_type": "yarn", "factor": 4.0})
+
+
+@pytest.mark.parametrize("rope_type", ["default", "linear", "llama3"])
+def test_rope_frequencies_equal_transformers(rope_type: str) -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": rope_type, "rope_theta": 500000.0}
+    if rope_type != "default":
+        params["factor"] = 8.0
+    if rope_type == "llama3":
+        params.update(
+            low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
+        )
+    hf_config = LlamaConfig(hidden_size=256, num_attention_heads=2, rope_parameters=params)
+    if rope_type == "default":
+        expected = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float) / 128))
+    else:
+        expected, _ = ROPE_INIT_FUNCTIONS[rope_type](hf_config)
+    ours = config(
+        hidden_size=256, num_attention_heads=2, num_key_value_heads=2, rope_parameters=params
+    )
+
+    assert torch.equal(rope_inv_freq(ours.head_dim, ours.rope_theta, ours.rope_scaling), expected)
+
+
+def test_a_trained_sliding_window_caps_the_context() -> None:
+    mistral = config(model_type="mistral", max_position_embeddings=32768, sliding_window=4096)
+    assert mistral.context_length == 4096
+    qwen2 = config(model_type="qwen2", max_position_embeddings=32768, sliding_window=4096)
+    assert qwen2.context_length == 32768  # Qwen2 ignores the window unless use_sliding_window
+    assert config().context_length == 512
+
+
+def test_llama_mistral_and_qwen2_share_one_implementation() -> None:
+    for name in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"):
+        assert model_class_for(config(architectures=[name])) is LlamaForCausalLM
+
+
+def test_unknown_architecture_names_the_supported_ones() -> None:
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*supported: LlamaForCausalLM"):
+        model_class_for(config(architectures=["GPT2LMHeadModel"], model_type="gpt2"))
