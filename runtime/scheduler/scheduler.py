@@ -93,6 +93,7 @@ class Scheduler:
         self._outbox: list[Req] = []
         self._by_rid: dict[str, Req] = {}
         self._ticks = 0
+        self._queue_times: list[float] = []  # admitted since the last take_queue_times()
 
     # ---- intake -------------------------------------------------------------------------
     @property
@@ -203,7 +204,14 @@ class Scheduler:
             prefix_cache_hit_ratio=(c.cached_prompt_tokens / c.prompt_tokens) if c.prompt_tokens else 0.0,
             max_total_tokens=total,
             free_tokens=self.cache.available_size,
+            cached_tokens=self.cache.cached_size,
         )
+
+    def take_queue_times(self) -> list[float]:
+        """Seconds each request admitted since the last call waited (arrival to its first
+        admission into a batch; re-admissions after a retraction are not counted)."""
+        times, self._queue_times = self._queue_times, []
+        return times
 
     def check_integrity(self) -> None:
         self.cache.check_integrity(self.live_requests())
@@ -259,6 +267,7 @@ class Scheduler:
                 if req.retractions == 0:
                     self.counters.prompt_tokens += len(req.input_ids)
                     self.counters.cached_prompt_tokens += req.cached_tokens
+                    self._queue_times.append(max(0.0, time.time() - req.arrival_time))
             req.state = ReqState.PREFILLING
         self.chunked_req = adder.chunked
         mask = [r is not adder.chunked for r in adder.reqs]
