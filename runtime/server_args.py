@@ -64,6 +64,12 @@ class ServerArgs:
     in_batch_prefix_deprioritize_threshold: int = _opt(
         32, "lpm: a request sharing at least this many tokens with an earlier one waits a tick."
     )
+    disable_overlap_schedule: bool = _opt(
+        False, "Use the normal loop: process each batch's result before scheduling the next.",
+    )
+    log_tick_timing: float = _opt(
+        0.0, "Every this many seconds, log where scheduler time went per tick (0: off).",
+    )
     enable_deterministic_inference: bool = _opt(
         False, "Batch-invariant kernels: a request's tokens do not depend on its batch "
         "(retraction, chunking and concurrency cannot change an output). Slower.",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -14,8 +16,9 @@ from sluice.runtime.ipc.messages import SchedulerReady
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
 from sluice.runtime.memory.req_to_token import ReqToTokenPool
+from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.loader import load_model, load_tokenizer
-from sluice.runtime.sampling.sampler import SampleOutput, SamplingRow, sample
+from sluice.runtime.sampling.sampler import SampleOutput, SamplingRow, needs_history, sample
 from sluice.runtime.scheduler.batch import ScheduledBatch
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.server_args import ServerArgs
@@ -82,6 +85,8 @@ class ModelWorker:
             self.dtype, self.device,
         )
         self.req_pool = ReqToTokenPool(args.max_running_requests, self.context_len + page, self.device)
+        # the last token sampled for each request row, read by the next decode (overlap)
+        self.future_tokens = torch.zeros(args.max_running_requests, dtype=torch.int64, device=self.device)
         self.cache = KVCacheManager.create(self.allocator, self.req_pool, not args.disable_radix_cache)
         logger.info(
             "KV pool: %d tokens, %.1f MiB (%d bytes/token, %s on %s)",
@@ -114,19 +119,50 @@ class ModelWorker:
             attention_backend=self.attention_backend_name,
         )
 
-    @torch.inference_mode()
     def forward(self, batch: ScheduledBatch, rows: list[SamplingRow]) -> SampleOutput:
+        """Forward and sample one batch, synchronously (the normal loop)."""
+        return self.run(self.prepare(batch, rows))
+
+    def prepare(self, batch: ScheduledBatch, rows: list[SamplingRow]) -> ForwardJob:
+        """Everything the forward needs, snapshotted on the scheduler thread: the scheduler
+        may change its requests while the job runs on the forward thread."""
         fb = batch.to_forward_batch(self.req_pool.req_to_token, self.kv, self.device)
         if self.args.enable_deterministic_inference:
             fb = fb.padded(ROW_MULTIPLE)
+        return ForwardJob(fb, rows, list(batch.sample_mask), [r.req_pool_idx for r in batch.reqs])
+
+    @torch.inference_mode()
+    def run(self, job: ForwardJob) -> SampleOutput:
+        """Resolve future tokens, run the model, sample, publish the sampled tokens."""
+        fb, rows = job.batch, list(job.rows)
+        placeholders = fb.input_ids < 0
+        resolved: list[int] = []
+        if bool(placeholders.any()):
+            slots = (-fb.input_ids - 1).clamp(min=0)
+            fb.input_ids = torch.where(placeholders, self.future_tokens[slots], fb.input_ids)
+            resolved = fb.input_ids[: len(rows)].tolist()
+            for i, row in enumerate(rows):  # penalties must see the in-flight token too
+                if bool(placeholders[i]) and row.output_ids is not None and needs_history(row):
+                    rows[i] = dataclasses.replace(row, output_ids=[*row.output_ids, resolved[i]])
         logits = self.model.forward(fb)
-        keep = [i for i, s in enumerate(batch.sample_mask) if s]
-        if not keep:
-            return SampleOutput([-1] * batch.batch_size, [None] * batch.batch_size)
-        if len(keep) < batch.batch_size:
-            picked = sample(logits[keep], [rows[i] for i in keep])
-            tokens, logprobs = [-1] * batch.batch_size, [None] * batch.batch_size
+        keep = [i for i, s in enumerate(job.sample_mask) if s]
+        n = len(job.sample_mask)
+        tokens: list[int] = [-1] * n
+        logprobs: list[float | None] = [None] * n
+        if keep:
+            picked = sample(logits[keep] if len(keep) < n else logits, [rows[i] for i in keep])
             for j, i in enumerate(keep):
                 tokens[i], logprobs[i] = picked.token_ids[j], picked.logprobs[j]
-            return SampleOutput(tokens, logprobs)
-        return sample(logits, rows)
+            sampled_rows = torch.tensor([job.req_rows[i] for i in keep], device=self.future_tokens.device)
+            self.future_tokens[sampled_rows] = torch.tensor(
+                picked.token_ids, dtype=torch.int64, device=self.future_tokens.device
+            )
+        return SampleOutput(tokens, logprobs)
+
+
+@dataclass(frozen=True)
+class ForwardJob:
+    batch: ForwardBatch
+    rows: list[SamplingRow]
+    sample_mask: list[bool]
+    req_rows: list[int]

@@ -11,6 +11,11 @@ from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sluice.runtime.scheduler.request import Req
 
 
+def future_placeholder(req_pool_idx: int) -> int:
+    """A negative input id meaning 'the last token sampled for request row `req_pool_idx`'."""
+    return -(req_pool_idx + 1)
+
+
 @dataclass
 class ScheduledBatch:
     """Requests of one forward. For an extend batch, request i computes tokens
@@ -37,7 +42,12 @@ class ScheduledBatch:
         positions: list[int] = []
         for req, start, n in zip(self.reqs, self.prefix_lens, self.extend_lens, strict=True):
             if self.mode is ForwardMode.DECODE:
-                input_ids.append(req.fill_ids[-1] if req.output_ids else req.input_ids[-1])
+                if req.pending_tokens:
+                    # overlap: the input is the token the in-flight forward is sampling;
+                    # the worker reads it from its future-token buffer, slot = request row
+                    input_ids.append(future_placeholder(req.req_pool_idx))
+                else:
+                    input_ids.append(req.output_ids[-1] if req.output_ids else req.input_ids[-1])
             else:
                 input_ids.extend(req.fill_ids[start : start + n])
             positions.extend(range(start, start + n))

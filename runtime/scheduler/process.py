@@ -8,11 +8,15 @@ import signal
 import sys
 import time
 import traceback
+from collections import deque
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 import zmq
 
+from sluice.runtime.engine.executor import SyncExecutor, ThreadExecutor
 from sluice.runtime.engine.model_worker import ModelWorker
+from sluice.runtime.ipc.messages import SchedulerStats
 from sluice.runtime.ipc.sockets import (
     PortArgs,
     pull_socket,
@@ -27,7 +31,9 @@ from sluice.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sluice.scheduler")
 
-STATS_INTERVAL_S = 1.0
+STATS_INTERVAL_S = 1.0  # stats are published at least this often
+THROUGHPUT_WINDOW_S = 5.0  # generation throughput is averaged over this sliding window
+KV_USAGE_STEP = 0.05  # a KV usage change this large is published at once
 
 
 def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
@@ -46,10 +52,11 @@ def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
         init_new_token_ratio=min(1.0, args.init_new_token_ratio * args.schedule_conservativeness),
         random_seed=args.random_seed,
     )
+    executor = SyncExecutor(worker) if args.disable_overlap_schedule else ThreadExecutor(worker)
     return Scheduler(
         config,
         worker.cache,
-        worker.forward,
+        executor,
         worker.eos_token_ids,
         decode_text=worker.decode_text,
     )
@@ -72,7 +79,8 @@ def run_scheduler_process(args: ServerArgs, model_path: str, port_args: PortArgs
             worker.max_total_tokens, worker.cache.allocator.num_pages, args.page_size,
             args.max_running_requests, worker.context_len,
         )
-        serve_forever(scheduler, inbox, outbox, parent)
+        serve_forever(scheduler, inbox, outbox, parent, not args.disable_overlap_schedule,
+                      args.log_tick_timing)
     except Exception:
         logger.error("scheduler process crashed:\n%s", traceback.format_exc())
         try:
@@ -82,9 +90,18 @@ def run_scheduler_process(args: ServerArgs, model_path: str, port_args: PortArgs
         sys.exit(1)
 
 
-def serve_forever(scheduler: Scheduler, inbox: zmq.Socket, outbox: zmq.Socket, parent: int) -> None:
-    last_stats = 0.0
-    tokens_at_last_stats = 0
+def serve_forever(
+    scheduler: Scheduler,
+    inbox: zmq.Socket,
+    outbox: zmq.Socket,
+    parent: int,
+    overlap: bool = False,
+    timing_interval_s: float = 0.0,
+) -> None:
+    publisher = StatsPublisher()
+    step = scheduler.step_overlap if overlap else scheduler.step
+    loop = "overlap" if overlap else "normal"
+    last_timing = time.monotonic()
     while True:
         if scheduler.has_work:
             msgs = recv_all_nowait(inbox)
@@ -96,16 +113,63 @@ def serve_forever(scheduler: Scheduler, inbox: zmq.Socket, outbox: zmq.Socket, p
                 return
         for msg in msgs:
             scheduler.handle(msg)
-        scheduler.step()
+        step()
+        if timing_interval_s and time.monotonic() - last_timing >= timing_interval_s:
+            last_timing = time.monotonic()
+            logger.info("tick timing loop=%s %s", loop, scheduler.timing.take().summary())
         out = scheduler.take_output()
         if out is not None:
             send(outbox, out)
-        now = time.monotonic()
-        if now - last_stats >= STATS_INTERVAL_S or msgs:
-            stats = scheduler.stats()
-            generated = scheduler.counters.generated_tokens
-            if last_stats:
-                stats.generation_throughput = (generated - tokens_at_last_stats) / (now - last_stats)
-            if now - last_stats >= STATS_INTERVAL_S:
-                last_stats, tokens_at_last_stats = now, generated
+        stats = publisher.poll(scheduler, time.monotonic())
+        if stats is not None:
             send(outbox, stats)
+
+
+@dataclass
+class ThroughputWindow:
+    """Tokens per second over the last `window_s` seconds, from a cumulative count.
+
+    Keeps (time, count) samples; the oldest kept one is the newest at or before the
+    window's start, so the rate spans the whole window (and falls to 0 once a full window
+    passes without a token).
+    """
+
+    window_s: float = THROUGHPUT_WINDOW_S
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def update(self, now: float, total: int) -> float:
+        self.samples.append((now, total))
+        while len(self.samples) > 2 and self.samples[1][0] <= now - self.window_s:
+            self.samples.popleft()
+        t0, n0 = self.samples[0]
+        return (total - n0) / (now - t0) if now > t0 else 0.0
+
+
+@dataclass
+class StatsPublisher:
+    """Decides when the scheduler publishes its `SchedulerStats`: at least every
+    `STATS_INTERVAL_S`, and at once when something an autoscaler or a dashboard reads has
+    changed: the queue length, the running count, retractions, KV usage by a step of
+    `KV_USAGE_STEP`, or requests were admitted (their queue times travel with the stats)."""
+
+    throughput: ThroughputWindow = field(default_factory=ThroughputWindow)
+    last_at: float | None = None
+    last_key: tuple[int, int, int, int] | None = None
+
+    def poll(self, scheduler: Scheduler, now: float) -> SchedulerStats | None:
+        stats = scheduler.stats()
+        key = (
+            stats.queue_requests,
+            stats.running_requests,
+            stats.retractions_total,
+            round(stats.kv_token_usage / KV_USAGE_STEP),
+        )
+        queue_times = scheduler.take_queue_times()
+        due = self.last_at is None or now - self.last_at >= STATS_INTERVAL_S
+        if not (due or queue_times or key != self.last_key):
+            return None
+        stats.queue_times = queue_times
+        generated = scheduler.counters.generated_tokens
+        stats.generation_throughput = self.throughput.update(now, generated)
+        self.last_at, self.last_key = now, key
+        return stats

@@ -44,6 +44,8 @@ class Req:
     finish_reason: FinishReason | None = None
     generator: torch.Generator | None = None
     retractions: int = 0
+    # overlap loop: tokens sampled by a launched forward whose result is not processed yet
+    pending_tokens: int = 0
     # tokens already reported to the detokenizer
     sent_len: int = 0
 
@@ -63,6 +65,11 @@ class Req:
     @property
     def remaining_new_tokens(self) -> int:
         return self.sampling.max_new_tokens - len(self.output_ids)
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated so far, counting those still in flight (overlap loop)."""
+        return len(self.output_ids) + self.pending_tokens
 
     @property
     def is_finished(self) -> bool:

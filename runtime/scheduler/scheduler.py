@@ -4,6 +4,14 @@ Choosing is prefill-first: if waiting requests (or the request being chunked) ca
 admitted, the tick prefills them; otherwise it decodes the running set, retracting
 requests first when the KV pool cannot give each its next slot. The ZeroMQ process loop
 around this class lives in `process.py`; tests drive `step()` directly.
+
+Two loops share every decision: `step()` (normal) runs a batch and processes its result in
+the same tick; `step_overlap()` launches batch N on the forward thread, then processes
+batch N-1's result while N runs. Requests whose prompt completes in a batch join the decode
+set at launch, their next input read from the worker's future-token buffer; a request that
+finishes in N-1 but was already placed in N has its extra token dropped, and its pages are
+released only after N completes. Retraction needs the host's view of every request, so an
+overlap tick that must retract first waits for the in-flight batch.
 """
 
 from __future__ import annotations
@@ -12,7 +20,9 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,7 +34,7 @@ from sluice.runtime.ipc.messages import (
     TokenizedGenerateReq,
 )
 from sluice.runtime.model.forward_batch import ForwardMode
-from sluice.runtime.sampling.sampler import SampleOutput, SamplingRow
+from sluice.runtime.sampling.sampler import SampleOutput, SamplingRow, needs_history
 from sluice.runtime.scheduler.batch import ScheduledBatch
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.decode import DecodeManager, NewTokenRatio
@@ -33,9 +43,23 @@ from sluice.runtime.scheduler.prefill import AddResult, PrefillAdder
 from sluice.runtime.scheduler.request import Req, ReqState
 from sluice.runtime.scheduler.stop_strings import StopStringMatcher
 
+if TYPE_CHECKING:
+    from sluice.runtime.engine.executor import Executor, ForwardResult
+
 logger = logging.getLogger("sluice.scheduler")
 
-ForwardFn = Callable[[ScheduledBatch, list[SamplingRow]], SampleOutput]
+
+class _NeedSync:
+    """`_schedule` result: retraction is needed but a batch is in flight."""
+
+
+NEED_SYNC = _NeedSync()
+
+
+@dataclass
+class InFlight:
+    batch: ScheduledBatch
+    result: Future[ForwardResult]
 
 
 @dataclass(frozen=True)
@@ -62,6 +86,35 @@ class TickResult:
 
 
 @dataclass
+class TickTiming:
+    """Where the scheduler's wall time goes (seconds, summed since the last `take`)."""
+
+    schedule: float = 0.0
+    launch: float = 0.0
+    forward: float = 0.0  # on the forward thread in the overlap loop
+    wait: float = 0.0  # blocked on a forward result
+    process: float = 0.0
+    idle: float = 0.0
+    ticks: int = 0
+
+    def add(self, **seconds: float) -> None:
+        for name, value in seconds.items():
+            setattr(self, name, getattr(self, name) + value)
+        self.ticks += 1
+
+    def take(self) -> TickTiming:
+        snapshot = TickTiming(**vars(self))
+        for name in vars(self):
+            setattr(self, name, 0 if name == "ticks" else 0.0)
+        return snapshot
+
+    def summary(self) -> str:
+        n = max(self.ticks, 1)
+        parts = [f"{k}={1000 * v / n:.2f}ms" for k, v in vars(self).items() if k != "ticks"]
+        return f"ticks={self.ticks} per-tick " + " ".join(parts)
+
+
+@dataclass
 class Counters:
     retractions_total: int = 0
     retracted_tokens_total: int = 0
@@ -75,13 +128,16 @@ class Scheduler:
         self,
         config: SchedulerConfig,
         cache: KVCacheManager,
-        forward: ForwardFn,
+        executor: Executor,
         eos_token_ids: list[int],
         decode_text: Callable[[list[int]], str] | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
-        self.forward = forward
+        self.executor = executor
+        self.inflight: InFlight | None = None
+        self._deferred: list[Req] = []  # finished, but an in-flight batch still uses their KV
+        self.timing = TickTiming()
         self.eos_token_ids = frozenset(eos_token_ids)
         self.stop_matcher = StopStringMatcher(decode_text) if decode_text else None
         self.waiting: list[Req] = []
@@ -98,10 +154,11 @@ class Scheduler:
     # ---- intake -------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.chunked_req or self.decode.running)
+        return bool(self.waiting or self.chunked_req or self.decode.running or self.inflight)
 
     def live_requests(self) -> list[Req]:
-        return list(self._by_rid.values())
+        """Requests holding (or about to hold) KV pages and slots."""
+        return list(self._by_rid.values()) + self._deferred
 
     def handle(self, msg: object) -> None:
         if isinstance(msg, TokenizedGenerateReq):
@@ -145,26 +202,79 @@ class Scheduler:
 
     def abort(self, rid: str) -> None:
         req = self._by_rid.get(rid)
-        if req is None:
-            return
-        if req in self.waiting:
-            self.waiting.remove(req)
-        if req is self.chunked_req:
-            self.chunked_req = None
-        if req.state is ReqState.RUNNING:
-            self.decode.remove(req)
-        self._finish(req, FinishReason("abort", message="aborted by the client"))
+        if req is not None:
+            self._finish(req, FinishReason("abort", message="aborted by the client"))
 
     # ---- one tick -----------------------------------------------------------------------
     def step(self) -> TickResult | None:
-        """Choose a batch, run it and process its result. None when there was nothing to run."""
-        batch, retracted = self._schedule()
-        if batch is None:
+        """Normal loop: choose a batch, run it and process its result. None when idle."""
+        t0 = time.perf_counter()
+        batch, retracted = self._schedule(allow_retract=True)
+        t1 = time.perf_counter()
+        if batch is None or batch is NEED_SYNC:
             self._on_idle()
+            self.timing.add(idle=t1 - t0)
             return None
-        out = self.forward(batch, self._sampling_rows(batch))
-        self._process_result(batch, out)
+        result = self._launch(batch).result()
+        t2 = time.perf_counter()
+        self._process_result(batch, result.output)
+        self.timing.add(schedule=t1 - t0, forward=result.forward_seconds,
+                        process=time.perf_counter() - t2, wait=t2 - t1 - result.forward_seconds)
         return TickResult(batch.mode, [r.rid for r in batch.reqs], batch.num_tokens, retracted)
+
+    def step_overlap(self) -> TickResult | None:
+        """Overlap loop: launch the next batch, then process the previous one's result."""
+        t0 = time.perf_counter()
+        batch, retracted = self._schedule(allow_retract=self.inflight is None)
+        if batch is NEED_SYNC:
+            self._complete(self._take_inflight())
+            batch, retracted = self._schedule(allow_retract=True)
+        t1 = time.perf_counter()
+        previous = self._take_inflight()
+        if isinstance(batch, ScheduledBatch):
+            self.inflight = InFlight(batch, self._launch(batch))
+        t2 = time.perf_counter()
+        if previous is not None:
+            self._complete(previous)
+        t3 = time.perf_counter()
+        if not isinstance(batch, ScheduledBatch):
+            if previous is None:
+                self._on_idle()
+            self.timing.add(idle=t1 - t0, process=t3 - t2)
+            return None
+        self.timing.add(schedule=t1 - t0, launch=t2 - t1, process=t3 - t2)
+        return TickResult(batch.mode, [r.rid for r in batch.reqs], batch.num_tokens, retracted)
+
+    def drain_inflight(self) -> None:
+        """Process the in-flight batch's result, if any (overlap loop)."""
+        self._complete(self._take_inflight())
+
+    def _take_inflight(self) -> InFlight | None:
+        inflight, self.inflight = self.inflight, None
+        return inflight
+
+    def _launch(self, batch: ScheduledBatch) -> Future[ForwardResult]:
+        rows = self._sampling_rows(batch)
+        for req, sampled in zip(batch.reqs, batch.sample_mask, strict=True):
+            if sampled:
+                req.pending_tokens += 1
+        return self.executor.submit(batch, rows)
+
+    def _complete(self, inflight: InFlight | None) -> None:
+        if inflight is None:
+            return
+        t0 = time.perf_counter()
+        result = inflight.result.result()
+        self.timing.add(wait=time.perf_counter() - t0, forward=result.forward_seconds)
+        self._process_result(inflight.batch, result.output)
+        still_used = set(map(id, self.inflight.batch.reqs)) if self.inflight else set()
+        keep = []
+        for req in self._deferred:
+            if id(req) in still_used:
+                keep.append(req)
+            else:
+                self.cache.release(req)
+        self._deferred = keep
 
     def take_output(self) -> BatchTokenIDOut | None:
         """Tokens generated (and requests finished) since the last call, for the detokenizer."""
@@ -217,11 +327,11 @@ class Scheduler:
         self.cache.check_integrity(self.live_requests())
 
     # ---- choosing a batch ---------------------------------------------------------------
-    def _schedule(self) -> tuple[ScheduledBatch | None, list[str]]:
+    def _schedule(self, allow_retract: bool) -> tuple[ScheduledBatch | _NeedSync | None, list[str]]:
         batch = self._schedule_prefill()
         if batch is not None:
             return batch, []
-        return self._schedule_decode()
+        return self._schedule_decode(allow_retract)
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
         if not self.waiting and self.chunked_req is None:
@@ -271,14 +381,21 @@ class Scheduler:
             req.state = ReqState.PREFILLING
         self.chunked_req = adder.chunked
         mask = [r is not adder.chunked for r in adder.reqs]
+        # prompts completing here decode next; their first token is read as a future
+        self.decode.add([r for r, sampled in zip(adder.reqs, mask, strict=True) if sampled])
         return ScheduledBatch(
             ForwardMode.EXTEND, list(adder.reqs), prefix_lens, list(adder.extend_lens), torch.cat(slots), mask
         )
 
-    def _schedule_decode(self) -> tuple[ScheduledBatch | None, list[str]]:
-        if not self.decode.running:
+    def _schedule_decode(self, allow_retract: bool) -> tuple[ScheduledBatch | _NeedSync | None, list[str]]:
+        # a request whose last token is in flight may finish with it: do not run past that
+        reqs = [r for r in self.decode.running if r.generated < r.sampling.max_new_tokens]
+        if not reqs:
             return None, []
-        retracted = self.decode.retract_until_fits()
+        short = self.cache.decode_pages_needed(reqs) * self.cache.page_size > self.cache.available_size
+        if short and not allow_retract:
+            return NEED_SYNC, []
+        retracted = self.decode.retract_until_fits() if short else []
         if retracted:
             freed = sum(r.seq_len for r in retracted)
             before = self.ratio.value
@@ -292,7 +409,7 @@ class Scheduler:
             )
         else:
             self.ratio.step()
-        reqs = list(self.decode.running)
+        reqs = [r for r in self.decode.running if r.generated < r.sampling.max_new_tokens]
         prefix_lens, slots = [], []
         for req in reqs:
             prefix_lens.append(req.kv_len)
@@ -309,16 +426,22 @@ class Scheduler:
         rows = []
         for req, sample in zip(batch.reqs, batch.sample_mask, strict=True):
             banned: tuple[int, ...] = ()
-            if sample and len(req.output_ids) < req.sampling.min_new_tokens:
+            if sample and req.generated < req.sampling.min_new_tokens:
                 banned = tuple(sorted(set(req.sampling.stop_token_ids) | (
                     set() if req.sampling.ignore_eos else set(self.eos_token_ids))))
-            rows.append(SamplingRow(req.sampling, req.input_ids, req.output_ids, req.generator, banned))
+            row = SamplingRow(req.sampling, req.input_ids, [], req.generator, banned)
+            if needs_history(row):  # a snapshot: the list grows while the forward runs
+                row = SamplingRow(req.sampling, req.input_ids, list(req.output_ids), req.generator, banned)
+            rows.append(row)
         return rows
 
     # ---- processing the result ----------------------------------------------------------
     def _process_result(self, batch: ScheduledBatch, out: SampleOutput) -> None:
         for i, req in enumerate(batch.reqs):
-            if not batch.sample_mask[i] or req.is_finished:
+            if not batch.sample_mask[i]:
+                continue
+            req.pending_tokens -= 1
+            if req.is_finished:  # finished or aborted while this forward ran: drop the token
                 continue
             token = out.token_ids[i]
             req.output_ids.append(token)
@@ -329,22 +452,29 @@ class Scheduler:
             if not req.is_finished and self.stop_matcher and req.sampling.stop:
                 self.stop_matcher.check(req)
             if req.is_finished:
-                if batch.mode is ForwardMode.DECODE:
-                    self.decode.remove(req)
                 self._finish(req, req.finish_reason)
             else:
-                if batch.mode is ForwardMode.EXTEND:
-                    self.decode.add([req])
                 self._outbox.append(req)
 
     def _finish(self, req: Req, reason: FinishReason | None) -> None:
+        """End a request in any state; its slot and pages go back exactly once (after the
+        in-flight batch, if that batch still uses them)."""
         req.finish(reason or FinishReason("abort"))
-        self.cache.release(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req is self.chunked_req:
+            self.chunked_req = None
+        if req in self.decode.running:
+            self.decode.remove(req)
         self._by_rid.pop(req.rid, None)
         self._outbox.append(req)
+        if self.inflight is not None and any(r is req for r in self.inflight.batch.reqs):
+            self._deferred.append(req)
+        else:
+            self.cache.release(req)
 
     def _on_idle(self) -> None:
-        if not self.has_work:
+        if not self.has_work and not self._deferred:
             self.ratio.reset()
             if self.config.check_integrity_when_idle:
                 self.check_integrity()

@@ -32,8 +32,12 @@ class Harness:
         self.scheduler.handle(AbortReq(rid))
         self.collect()
 
+    @property
+    def overlap(self) -> bool:
+        return not self.worker.args.disable_overlap_schedule
+
     def step(self) -> TickResult | None:
-        tick = self.scheduler.step()
+        tick = self.scheduler.step_overlap() if self.overlap else self.scheduler.step()
         if tick is not None:
             self.ticks.append(tick)
         self.collect()
@@ -73,7 +77,12 @@ def make_harness(tiny_llama_path: Path) -> Iterator[HarnessFactory]:
 
     def factory(model_path: Path | None = None, **overrides: object) -> Harness:
         path = model_path or tiny_llama_path
-        defaults = {"device": "cpu", "max_total_tokens": 4096, "max_running_requests": 8}
+        defaults = {
+            "device": "cpu",
+            "max_total_tokens": 4096,
+            "max_running_requests": 8,
+            "disable_overlap_schedule": True,  # tests opt in to the overlap loop
+        }
         args = dataclasses.replace(ServerArgs(model=str(path)), **{**defaults, **overrides})
         worker = ModelWorker(args, path)
         harness = Harness(build_scheduler(args, worker), worker)
@@ -82,5 +91,6 @@ def make_harness(tiny_llama_path: Path) -> Iterator[HarnessFactory]:
 
     yield factory
     for h in made:  # after every test: nothing leaked
+        h.scheduler.executor.close()
         if not h.scheduler.has_work:
             h.assert_all_free()

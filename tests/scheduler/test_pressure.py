@@ -10,7 +10,7 @@ EXTEND, DECODE = ForwardMode.EXTEND, ForwardMode.DECODE
 def test_a_prompt_five_times_the_chunk_size_is_prefilled_in_five_ticks(make_harness):
     h = make_harness(chunked_prefill_size=16, max_prefill_tokens=16)
     h.submit("long", [5 + i % 200 for i in range(80)], max_new_tokens=3, ignore_eos=True)
-    for i in range(4):
+    for _i in range(4):
         t = h.step()
         assert (t.mode, t.rids, t.num_tokens) == (EXTEND, ["long"], 16)
         assert "long" not in h.outputs  # intermediate chunks emit no token
