@@ -74,6 +74,9 @@ class ServerArgs:
         False, "Batch-invariant kernels: a request's tokens do not depend on its batch "
         "(retraction, chunking and concurrency cannot change an output). Slower.",
     )
+    tensor_parallel_size: int = _opt(
+        1, "GPUs one model replica is sharded over (this build runs 1; more is rejected)."
+    )
     attention_backend: str = _opt("auto", "Attention implementation.", C.ATTENTION_BACKENDS)
     api_key: str = _opt("", f"Require this bearer token on the API (also ${C.ENV_API_KEY}).")
     random_seed: int = _opt(0, "Seed for requests that give none.")
@@ -110,6 +113,11 @@ class ServerArgs:
             problems.append("--max-total-tokens must be >= 0")
         if not 0.0 < self.mem_fraction_static < 1.0:
             problems.append("--mem-fraction-static must be in (0, 1)")
+        if self.tensor_parallel_size != 1:
+            problems.append(
+                "--tensor-parallel-size > 1 is not supported by this build yet; "
+                "run one replica per GPU"
+            )
         if problems:
             raise ValueError("; ".join(problems))
 
