@@ -40,8 +40,10 @@ GGUF_CONVERTER_VERSION = 1
 
 
 def default_cache_dir() -> Path:
-    """Where converted models go unless the caller passes another folder."""
-    return Path.home() / ".cache" / "sluice"
+    """Where converted models go unless the caller passes another folder:
+    `$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice` (the operator's pods set XDG_CACHE_HOME)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sluice"
 
 
 def resolve_model_path(name_or_path: str, cache_dir: Path) -> Path:

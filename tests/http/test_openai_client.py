@@ -9,10 +9,6 @@ are evictable).
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -29,6 +25,7 @@ pytest.importorskip(
 openai = pytest.importorskip("openai")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tiny_model.py
+from server_process import RunningServer, serve  # noqa: E402
 from tiny_model import make_tiny_llama  # noqa: E402
 
 API_KEY = "sk-test-sluice"
@@ -41,27 +38,21 @@ NO_EOS = {"extra_body": {"ignore_eos": True}}
 
 @dataclass
 class Server:
-    url: str
-    proc: subprocess.Popen
-    log: Path
+    srv: RunningServer
     tokenizer: Any
 
-    def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+    @property
+    def url(self) -> str:
+        return self.srv.url
 
     def info(self) -> dict[str, Any]:
-        r = httpx.get(f"{self.url}/server_info", headers=AUTH, timeout=10)
-        r.raise_for_status()
-        return r.json()
+        return self.srv.info()
+
+    def log_tail(self, lines: int = 60) -> str:
+        return self.srv.log_tail(lines)
 
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -70,39 +61,9 @@ def server(tmp_path_factory) -> Server:
 
     folder = tmp_path_factory.mktemp("openai-client")
     model = make_tiny_llama(folder / MODEL, max_position_embeddings=CONTEXT)
-    port = _free_port()
-    log = folder / "server.log"
-    cmd = [
-        sys.executable, "-m", "sluice.runtime", "serve",
-        "--model", str(model), "--port", str(port), "--device", "cpu",
-        "--max-total-tokens", "4096", "--max-running-requests", "16",
-        "--api-key", API_KEY,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    srv = Server(f"http://127.0.0.1:{port}", proc, log, AutoTokenizer.from_pretrained(model))
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{srv.log_tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy after {START_TIMEOUT_S}s:\n{srv.log_tail()}")
-            try:
-                if httpx.get(f"{srv.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        yield srv
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    extra = ("--max-total-tokens", "4096", "--max-running-requests", "16")
+    with serve(model, folder / "server.log", *extra, api_key=API_KEY) as srv:
+        yield Server(srv, AutoTokenizer.from_pretrained(model))
 
 
 @pytest.fixture
@@ -117,18 +78,10 @@ def nothing_left_behind(server):
     """After each test: nothing in flight, the KV pool all free (polled: stats are
     published about once a second)."""
     yield
-    deadline = time.monotonic() + 15
-    while True:
-        info = server.info()
-        stats = info.get("scheduler_stats") or {}
-        idle = info.get("inflight_requests", 0) == 0 and not stats.get("running_requests")
-        idle = idle and not stats.get("queue_requests")
-        pool_free = not stats or stats["free_tokens"] == stats["max_total_tokens"]
-        if idle and pool_free:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"requests or KV pages left behind: {info}\n{server.log_tail()}")
-        time.sleep(0.2)
+    try:
+        server.srv.wait_idle(timeout=15)
+    except AssertionError as err:
+        pytest.fail(f"requests or KV pages left behind: {err}\n{server.log_tail()}")
 
 
 def chat_prompt_len(server: Server, messages: list[dict]) -> int:
@@ -278,7 +231,7 @@ def test_a_client_leaving_mid_stream_aborts_its_request(server, client):
     stream.close()
     # the autouse check then proves the slot and KV pages came back; the log says why
     deadline = time.monotonic() + 15
-    while "reason=client-gone" not in server.log.read_text(errors="replace"):
+    while "reason=client-gone" not in server.srv.log.read_text(errors="replace"):
         assert time.monotonic() < deadline, server.log_tail()
         time.sleep(0.2)
 

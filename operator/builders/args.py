@@ -1,0 +1,46 @@
+"""The `sluice serve` command line for an InferenceService."""
+
+from __future__ import annotations
+
+from sluice.runtime import constants as rc
+
+from .. import constants as c
+from ..spec import InferenceServiceSpec
+
+
+def serve_command() -> list[str]:
+    return list(rc.SERVE_COMMAND)
+
+
+def serve_args(isvc: InferenceServiceSpec, model_argument: str) -> list[str]:
+    """Flags from `spec.runtime`; unset options are left to the runtime's own defaults."""
+    rt = isvc.runtime
+    args = [
+        rc.FLAG_MODEL,
+        model_argument,
+        rc.FLAG_SERVED_MODEL_NAME,
+        isvc.model.served_name,
+        rc.FLAG_HOST,
+        c.BIND_HOST,
+        rc.FLAG_PORT,
+        str(rc.DEFAULT_PORT),
+        rc.FLAG_DEVICE,
+        isvc.resources.device,
+        rc.FLAG_TENSOR_PARALLEL_SIZE,
+        str(rt.tensor_parallel_size),
+    ]
+    optional: list[tuple[str, object]] = [
+        (rc.FLAG_DTYPE, rt.dtype),
+        (rc.FLAG_PAGE_SIZE, rt.page_size),
+        (rc.FLAG_MAX_RUNNING_REQUESTS, rt.max_running_requests),
+        (rc.FLAG_CHUNKED_PREFILL_SIZE, rt.chunked_prefill_size),
+        (rc.FLAG_SCHEDULE_POLICY, rt.schedule_policy),
+        (rc.FLAG_MEM_FRACTION_STATIC, rt.mem_fraction_static),
+        (rc.FLAG_ATTENTION_BACKEND, rt.attention_backend),
+    ]
+    for flag, value in optional:
+        if value is not None:
+            args += [flag, str(value)]
+    if not rt.overlap_schedule:
+        args.append(rc.FLAG_DISABLE_OVERLAP_SCHEDULE)
+    return args + list(rt.extra_args)

@@ -1,0 +1,65 @@
+"""Labels, names and small value helpers shared by the builders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import constants as c
+from ..spec import InferenceServiceSpec
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """The labels that select this service's pods (immutable in a Deployment)."""
+    return {c.LABEL_NAME: c.APP_NAME, c.LABEL_INSTANCE: name}
+
+
+def labels(name: str) -> dict[str, str]:
+    """All labels a child object and its pods carry."""
+    return {
+        **selector_labels(name),
+        c.LABEL_COMPONENT: c.COMPONENT,
+        c.LABEL_PART_OF: c.PART_OF,
+        c.LABEL_MANAGED_BY: c.MANAGER_LABEL_VALUE,
+    }
+
+
+def selector_string(name: str) -> str:
+    """The pod selector in `kubectl get -l` form (the scale subresource's `status.selector`)."""
+    return ",".join(f"{key}={value}" for key, value in sorted(selector_labels(name).items()))
+
+
+def object_meta(isvc: InferenceServiceSpec) -> dict[str, Any]:
+    return {"name": isvc.name, "namespace": isvc.namespace, "labels": labels(isvc.name)}
+
+
+def to_quantity(value: float) -> str:
+    """A Kubernetes quantity for a metric target: 8 → "8", 0.8 → "800m"."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{max(1, round(value * 1000))}m"
+
+
+def container_security_context() -> dict[str, Any]:
+    """Non-root, read-only root filesystem, no privilege escalation, no capabilities."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def pod_security_context() -> dict[str, Any]:
+    """Pod Security Standard `restricted`: a fixed non-root uid/gid the runtime image uses."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": c.RUN_AS_USER,
+        "runAsGroup": c.RUN_AS_USER,
+        "fsGroup": c.RUN_AS_USER,
+        "fsGroupChangePolicy": "OnRootMismatch",  # no recursive chown of big model volumes
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}

@@ -1,0 +1,56 @@
+"""The autoscaling/v2 HPA: scales the Deployment on the runtime's per-pod scheduler metrics.
+
+`queueDepth` is `sluice_queue_requests` (requests waiting per pod) and `kvTokenUsage` is
+`sluice_kv_token_usage` (0..1 of the KV pool in use), both read as Pods metrics through
+prometheus-adapter with an AverageValue target.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..spec import InferenceServiceSpec, ScalingRules
+from .common import object_meta, to_quantity
+
+
+def build_hpa(isvc: InferenceServiceSpec) -> dict[str, Any]:
+    scaling = isvc.autoscaling
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": object_meta(isvc),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": isvc.name},
+            "minReplicas": scaling.min_replicas,
+            "maxReplicas": scaling.max_replicas,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": metric.metric_name},
+                        "target": {
+                            "type": "AverageValue",
+                            "averageValue": to_quantity(metric.target),
+                        },
+                    },
+                }
+                for metric in scaling.metrics
+            ],
+            "behavior": {
+                "scaleUp": _rules(scaling.scale_up),
+                "scaleDown": _rules(scaling.scale_down),
+            },
+        },
+    }
+
+
+def _rules(rules: ScalingRules) -> dict[str, Any]:
+    result: dict[str, Any] = {"stabilizationWindowSeconds": rules.stabilization_window_seconds}
+    if rules.select_policy:
+        result["selectPolicy"] = rules.select_policy
+    if rules.policies:
+        result["policies"] = [
+            {"type": p.type, "value": p.value, "periodSeconds": p.period_seconds}
+            for p in rules.policies
+        ]
+    return result

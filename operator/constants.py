@@ -1,0 +1,111 @@
+"""Names the operator owns: the API group, labels, volume paths and defaults.
+
+Runtime-facing names (flags, port, health path, metric names) live in
+`sluice.runtime.constants`; this module holds only what is private to the operator and
+the CRD. The CRD in `crds/inferenceservice.yaml` repeats the defaults written here; a test
+keeps the two in step.
+"""
+
+from __future__ import annotations
+
+# --- the custom resource --------------------------------------------------------------
+GROUP = "sluice.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SHORT_NAME = "sisvc"
+
+# --- who we are ---------------------------------------------------------------------------
+FIELD_MANAGER = "sluice-operator"
+MANAGER_LABEL_VALUE = "sluice-operator"
+ANNOTATION_PREFIX = GROUP  # Kopf's progress and diff-base annotations live under it
+
+# --- labels every child carries ------------------------------------------------------------
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+APP_NAME = "sluice-runtime"
+COMPONENT = "inference"
+PART_OF = "sluice"
+
+# --- the runtime container ------------------------------------------------------------------
+CONTAINER_NAME = "runtime"
+DOWNLOAD_CONTAINER_NAME = "model-download"
+DEFAULT_IMAGE = "sluice-runtime:latest"
+RUN_AS_USER = 1000  # the runtime image's non-root user (uid and gid)
+SERVICE_PORT = 80
+SERVICE_PORT_NAME = "http"
+BIND_HOST = "0.0.0.0"
+
+# volumes and where they are mounted
+MODELS_DIR = "/models"
+HF_MODEL_DIR = f"{MODELS_DIR}/hf"
+PVC_MODEL_DIR = f"{MODELS_DIR}/pvc"
+CACHE_DIR = "/var/cache/sluice"
+TMP_DIR = "/tmp"
+SHM_DIR = "/dev/shm"
+VOLUME_MODEL = "model"
+VOLUME_CACHE = "cache"
+VOLUME_TMP = "tmp"
+VOLUME_SHM = "dshm"
+
+ENV_HF_TOKEN = "HF_TOKEN"
+ENV_HF_HOME = "HF_HOME"
+ENV_XDG_CACHE_HOME = "XDG_CACHE_HOME"
+ENV_MODEL_REPO = "SLUICE_MODEL_REPO"
+ENV_MODEL_REVISION = "SLUICE_MODEL_REVISION"
+ENV_MODEL_DIR = "SLUICE_MODEL_DIR"
+
+# --- probes and draining ----------------------------------------------------------------------
+STARTUP_PROBE_PERIOD_SECONDS = 10
+READINESS_PERIOD_SECONDS = 5
+LIVENESS_PERIOD_SECONDS = 10
+LIVENESS_FAILURE_THRESHOLD = 6
+PROBE_TIMEOUT_SECONDS = 5
+PRESTOP_SLEEP_SECONDS = 5  # let Service endpoints drop the pod before SIGTERM starts the drain
+PROGRESS_DEADLINE_MARGIN_SECONDS = 600  # image pull, scheduling, model download
+
+# --- spec defaults (mirrored in the CRD's openAPIV3Schema) --------------------------------------
+DEFAULT_REPLICAS = 1
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_TENSOR_PARALLEL_SIZE = 1
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_REPLICAS = 4
+DEFAULT_METRICS = (("queueDepth", 8.0),)
+DEFAULT_SCALE_UP_WINDOW_SECONDS = 0
+DEFAULT_SCALE_DOWN_WINDOW_SECONDS = 300
+DEFAULT_STARTUP_TIMEOUT_SECONDS = 1800
+DEFAULT_TERMINATION_GRACE_SECONDS = 120
+DEFAULT_HF_TOKEN_KEY = "HF_TOKEN"
+DEFAULT_API_KEY_KEY = "SLUICE_API_KEY"
+
+# --- bounds (mirrored in the CRD) --------------------------------------------------------------------
+MAX_NAME_LENGTH = 52  # Deployment name + ReplicaSet hash + pod suffix stay within 63 characters
+MAX_REPLICAS = 512
+MAX_GPUS = 16
+MAX_TENSOR_PARALLEL_SIZE = 16
+MAX_EXTRA_ARGS = 32
+
+# autoscaling metric types → the per-pod custom metric the HPA reads (names from the runtime)
+METRIC_QUEUE_DEPTH = "queueDepth"
+METRIC_KV_TOKEN_USAGE = "kvTokenUsage"
+METRIC_TYPES = (METRIC_QUEUE_DEPTH, METRIC_KV_TOKEN_USAGE)
+
+# --- status --------------------------------------------------------------------------------------
+PHASE_PENDING = "Pending"
+PHASE_PROGRESSING = "Progressing"
+PHASE_READY = "Ready"
+PHASE_DEGRADED = "Degraded"
+PHASE_FAILED = "Failed"
+PHASES = (PHASE_PENDING, PHASE_PROGRESSING, PHASE_READY, PHASE_DEGRADED, PHASE_FAILED)
+
+CONDITION_READY = "Ready"
+CONDITION_AVAILABLE = "Available"
+CONDITION_PROGRESSING = "Progressing"
+CONDITION_DEGRADED = "Degraded"
+CONDITION_TYPES = (CONDITION_READY, CONDITION_AVAILABLE, CONDITION_PROGRESSING, CONDITION_DEGRADED)
+
+REASON_INVALID_SPEC = "InvalidSpec"

@@ -1,0 +1,217 @@
+"""A thin async Kubernetes API client for the operator's own calls.
+
+Kopf has no public client for arbitrary requests, so the operator keeps this small one on
+aiohttp (already a Kopf dependency). It authenticates with the same `kopf.ConnectionInfo`
+the operator's login handler gives Kopf, so there is one source of credentials and no
+dependency on the `kubernetes` package.
+
+Writes are server-side apply (`application/apply-patch+yaml`, field manager
+`sluice-operator`, force): the object we send is the whole desired state, and fields we
+stopped sending are removed, without read-modify-write races. Every call made here is
+listed in `rbac.REQUIRED_PERMISSIONS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import kopf
+
+from . import constants as c
+
+
+@dataclass(frozen=True)
+class Resource:
+    """An API resource: where its objects live in the URL space."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        path = f"{base}/namespaces/{namespace}/{self.plural}"
+        if name is not None:
+            path += f"/{name}"
+        if subresource is not None:
+            path += f"/{subresource}"
+        return path
+
+
+INFERENCESERVICES = Resource(c.GROUP, c.VERSION, c.PLURAL, c.KIND)
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
+SERVICES = Resource("", "v1", "services", "Service")
+HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
+PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
+PODMONITORS = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
+CHILD_RESOURCES = (DEPLOYMENTS, SERVICES, HPAS, PDBS, PODMONITORS)
+
+
+def resource_of(obj: Mapping[str, Any]) -> Resource:
+    for resource in (*CHILD_RESOURCES, INFERENCESERVICES):
+        if resource.api_version == obj.get("apiVersion") and resource.kind == obj.get("kind"):
+            return resource
+    raise ValueError(f"unknown resource {obj.get('apiVersion')}/{obj.get('kind')}")
+
+
+class ApiError(Exception):
+    """A failed API call: HTTP status 0 means the server was not reached."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{status} {reason}: {message}")
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying as is: server-side trouble, throttling, conflicts, no connection,
+        and permission errors (an administrator can fix RBAC without touching the spec)."""
+        return self.status in (0, 401, 403, 404, 408, 409, 429) or self.status >= 500
+
+
+class KubeApi:
+    """Authenticated JSON requests; one aiohttp session per set of credentials."""
+
+    def __init__(self, *, timeout: float = 30.0) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._info: kopf.ConnectionInfo | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._old_sessions: list[aiohttp.ClientSession] = []
+
+    def use(self, info: kopf.ConnectionInfo) -> None:
+        """Switch to new credentials (called from the operator's login handler)."""
+        if info != self._info:
+            self._info = info
+            if self._session is not None:
+                self._old_sessions.append(self._session)
+            self._session = None
+
+    async def close(self) -> None:
+        for session in [*self._old_sessions, self._session]:
+            if session is not None:
+                await session.close()
+        self._old_sessions.clear()
+        self._session = None
+
+    async def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None if it does not exist."""
+        try:
+            return await self._request("GET", resource.path(namespace, name))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply the whole desired object; returns the object as stored."""
+        meta = obj["metadata"]
+        return await self._request(
+            "PATCH",
+            resource_of(obj).path(meta["namespace"], meta["name"]),
+            params={"fieldManager": c.FIELD_MANAGER, "force": "true"},
+            body=json.dumps(obj),
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def patch_status(
+        self, resource: Resource, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        return await self._request(
+            "PATCH",
+            resource.path(namespace, name, "status"),
+            body=json.dumps({"status": status}),
+            content_type="application/merge-patch+json",
+        )
+
+    async def delete(self, resource: Resource, namespace: str, name: str, *, uid: str) -> bool:
+        """Delete the object only if it is still the one with `uid`; False if already gone."""
+        options = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+            "preconditions": {"uid": uid},
+        }
+        try:
+            await self._request(
+                "DELETE",
+                resource.path(namespace, name),
+                body=json.dumps(options),
+                content_type="application/json",
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    async def serves(self, resource: Resource) -> bool:
+        """Whether the API server serves this resource (e.g. an optional CRD is installed)."""
+        try:
+            listing = await self._request("GET", f"/apis/{resource.group}/{resource.version}")
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return any(item.get("name") == resource.plural for item in listing.get("resources") or [])
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: str | None = None,
+        content_type: str | None = None,
+    ) -> dict[str, Any]:
+        if self._info is None:
+            raise ApiError(0, "NotLoggedIn", "no credentials yet")
+        session = self._ensure_session()
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        url = self._info.server.rstrip("/") + path
+        try:
+            async with session.request(
+                method, url, params=params, data=body, headers=headers
+            ) as response:
+                text = await response.text()
+                if response.status >= 400:
+                    raise _error_from(response.status, text)
+                return json.loads(text) if text else {}
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            raise ApiError(0, type(error).__name__, str(error) or "request failed") from error
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            assert self._info is not None
+            info = self._info
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=info.as_ssl_context()),
+                headers={**info.as_http_headers(), "User-Agent": c.FIELD_MANAGER},
+                timeout=self._timeout,
+                trust_env=info.trust_env,
+            )
+        return self._session
+
+
+def _error_from(status: int, text: str) -> ApiError:
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        payload = {}
+    if not isinstance(payload, dict):
+        payload = {}
+    return ApiError(
+        status, str(payload.get("reason") or "Error"), str(payload.get("message") or text[:500])
+    )

@@ -1,0 +1,146 @@
+"""Every Kubernetes API permission the operator (and Kopf on its behalf) uses.
+
+The Helm chart builds its least-privilege ClusterRole/Role from this table, and the
+operator tests check that every request the operator sends to the API emulator is covered
+by it. `scope` says where the rule must apply: "workload" for the namespaces that hold
+InferenceServices (cluster-wide when the operator watches all namespaces), "cluster" for
+cluster-scoped resources. `when` names the operator setting that needs the rule:
+"always", "peering" (Kopf peering for HA, see README), "namespaces" (watching a list of
+namespaces instead of the whole cluster), or "podmonitors" (the Prometheus Operator's
+CRDs are installed).
+
+Discovery (`GET /api`, `/apis`, `/apis/<group>/<version>`) is allowed to every
+authenticated user by the built-in `system:discovery` role and needs no rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Permission:
+    api_group: str
+    resource: str
+    verbs: tuple[str, ...]
+    scope: str  # "workload" | "cluster"
+    when: str  # "always" | "peering" | "namespaces" | "podmonitors"
+    why: str
+
+
+REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
+    Permission(
+        "sluice.dev",
+        "inferenceservices",
+        ("get", "list", "watch", "patch"),
+        "workload",
+        "always",
+        "Kopf watches InferenceServices and keeps its progress annotations; the operator reads owners",
+    ),
+    Permission(
+        "sluice.dev",
+        "inferenceservices/status",
+        ("patch",),
+        "workload",
+        "always",
+        "status (phase, conditions, replicas) is written through the status subresource",
+    ),
+    Permission(
+        "sluice.dev",
+        "inferenceservices/finalizers",
+        ("update",),
+        "workload",
+        "always",
+        "owner references with blockOwnerDeletion (OwnerReferencesPermissionEnforcement)",
+    ),
+    Permission(
+        "apps",
+        "deployments",
+        ("get", "list", "watch", "create", "patch"),
+        "workload",
+        "always",
+        "the runtime Deployment: server-side apply (create+patch), watched for status",
+    ),
+    Permission(
+        "",
+        "services",
+        ("get", "create", "patch"),
+        "workload",
+        "always",
+        "the ClusterIP Service: server-side apply",
+    ),
+    Permission(
+        "autoscaling",
+        "horizontalpodautoscalers",
+        ("get", "create", "patch", "delete"),
+        "workload",
+        "always",
+        "the HPA: applied when autoscaling is on, deleted when it is turned off",
+    ),
+    Permission(
+        "policy",
+        "poddisruptionbudgets",
+        ("get", "create", "patch", "delete"),
+        "workload",
+        "always",
+        "the PDB: applied for more than one replica, deleted otherwise",
+    ),
+    Permission(
+        "monitoring.coreos.com",
+        "podmonitors",
+        ("get", "create", "patch", "delete"),
+        "workload",
+        "podmonitors",
+        "the PodMonitor, when the Prometheus Operator is installed",
+    ),
+    Permission(
+        "",
+        "events",
+        ("create",),
+        "workload",
+        "always",
+        "Kopf posts handler outcomes and InvalidSpec warnings as Events",
+    ),
+    Permission(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("list", "watch"),
+        "cluster",
+        "always",
+        "Kopf notices CRDs appearing or going (it degrades with a warning without this)",
+    ),
+    Permission(
+        "",
+        "namespaces",
+        ("list", "watch"),
+        "cluster",
+        "namespaces",
+        "Kopf resolves the watched namespaces (only when a namespace list is given)",
+    ),
+    Permission(
+        "kopf.dev",
+        "clusterkopfpeerings",
+        ("get", "list", "watch", "patch"),
+        "cluster",
+        "peering",
+        "Kopf peering of cluster-wide operator replicas",
+    ),
+    Permission(
+        "kopf.dev",
+        "kopfpeerings",
+        ("get", "list", "watch", "patch"),
+        "workload",
+        "peering",
+        "Kopf peering of namespace-scoped operator replicas",
+    ),
+)
+
+
+def allows(
+    api_group: str, resource: str, verb: str, *, when: frozenset[str] = frozenset({"always"})
+) -> bool:
+    """Whether the table grants `verb` on `api_group/resource` for the given settings."""
+    return any(
+        p.api_group == api_group and p.resource == resource and verb in p.verbs and p.when in when
+        for p in REQUIRED_PERMISSIONS
+    )

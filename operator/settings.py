@@ -1,0 +1,129 @@
+"""Operator configuration: one frozen dataclass, built once from the environment and flags.
+
+Every knob has an environment variable (what a Helm chart sets) and, for
+`python -m sluice.operator`, a command-line flag with the same meaning. Nothing below the
+handlers reads the environment: they get this object from Kopf's `memo`.
+
+| variable                        | default                  | meaning                                      |
+|---------------------------------|--------------------------|----------------------------------------------|
+| SLUICE_DEFAULT_IMAGE            | sluice-runtime:latest    | runtime image when `spec.image` is not set   |
+| SLUICE_NAMESPACES               | (empty: cluster-wide)    | comma-separated namespaces to watch          |
+| SLUICE_LOG_FORMAT               | plain                    | plain, full or json                          |
+| SLUICE_VERBOSE                  | false                    | debug logging                                |
+| SLUICE_CLUSTER_DOMAIN           | cluster.local            | used in `status.url`                         |
+| SLUICE_POD_MONITORS             | auto                     | auto: create PodMonitors when the API exists |
+| SLUICE_PEERING                  | (empty: standalone)      | Kopf peering object name, for HA             |
+| SLUICE_PRIORITY                 | 0                        | this replica's peering priority              |
+| SLUICE_LIVENESS_ENDPOINT        | (empty: off)             | e.g. http://0.0.0.0:8080/healthz             |
+| SLUICE_RETRY_DELAY_SECONDS      | 10                       | back-off after a transient API error         |
+| SLUICE_API_TIMEOUT_SECONDS      | 30                       | timeout of one API request                   |
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from . import constants
+
+LOG_FORMATS = ("plain", "full", "json")
+POD_MONITOR_MODES = ("auto", "never")
+
+
+@dataclass(frozen=True)
+class Settings:
+    default_image: str = constants.DEFAULT_IMAGE
+    namespaces: tuple[str, ...] = ()
+    log_format: str = "plain"
+    verbose: bool = False
+    cluster_domain: str = "cluster.local"
+    pod_monitors: str = "auto"
+    peering: str | None = None
+    priority: int = 0
+    liveness_endpoint: str | None = None
+    retry_delay_seconds: float = 10.0
+    api_timeout_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.default_image or any(c.isspace() for c in self.default_image):
+            raise ValueError(
+                f"default image must be a non-empty image reference: {self.default_image!r}"
+            )
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log format must be one of {LOG_FORMATS}: {self.log_format!r}")
+        if self.pod_monitors not in POD_MONITOR_MODES:
+            raise ValueError(
+                f"pod monitors must be one of {POD_MONITOR_MODES}: {self.pod_monitors!r}"
+            )
+        if self.retry_delay_seconds <= 0 or self.api_timeout_seconds <= 0:
+            raise ValueError("retry delay and API timeout must be positive")
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+    @property
+    def standalone(self) -> bool:
+        return not self.peering
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Read the SLUICE_* variables; unset or empty ones keep their defaults."""
+        values: dict[str, object] = {}
+        for field in dataclasses.fields(cls):
+            raw = env.get(_env_name(field.name), "").strip()
+            if raw:
+                values[field.name] = _convert(field.name, raw)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def with_flags(self, argv: Sequence[str]) -> Settings:
+        """Apply `python -m sluice.operator` flags over these settings."""
+        parsed = build_arg_parser().parse_args(list(argv))
+        changes = {key: value for key, value in vars(parsed).items() if value is not None}
+        if "namespaces" in changes:
+            changes["namespaces"] = tuple(changes["namespaces"])
+        return dataclasses.replace(self, **changes)
+
+
+def _env_name(field: str) -> str:
+    return "SLUICE_" + field.upper()
+
+
+def _convert(field: str, raw: str) -> object:
+    if field == "namespaces":
+        return tuple(ns.strip() for ns in raw.split(",") if ns.strip())
+    if field == "verbose":
+        return raw.lower() in ("1", "true", "yes", "on")
+    if field == "priority":
+        return int(raw)
+    if field in ("retry_delay_seconds", "api_timeout_seconds"):
+        return float(raw)
+    return raw
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sluice.operator",
+        description="Run the Sluice operator (InferenceService → Deployment, Service, HPA, PDB).",
+        epilog="Every flag has a SLUICE_* environment variable; flags win.",
+    )
+    parser.add_argument("--default-image", help="runtime image when spec.image is not set")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        dest="namespaces",
+        action="append",
+        help="watch only this namespace (repeatable); default: cluster-wide",
+    )
+    parser.add_argument("--log-format", choices=LOG_FORMATS, help="log line format")
+    parser.add_argument("--verbose", action="store_true", default=None, help="debug logging")
+    parser.add_argument("--cluster-domain", help="cluster DNS domain used in status.url")
+    parser.add_argument("--pod-monitors", choices=POD_MONITOR_MODES, help="PodMonitor creation")
+    parser.add_argument("--peering", help="Kopf peering name (HA); default: standalone")
+    parser.add_argument("--priority", type=int, help="peering priority of this replica")
+    parser.add_argument("--liveness-endpoint", help="e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--retry-delay-seconds", type=float, help="back-off after API errors")
+    parser.add_argument("--api-timeout-seconds", type=float, help="timeout of one API request")
+    return parser

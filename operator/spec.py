@@ -1,0 +1,148 @@
+"""What a valid InferenceService spec is: frozen dataclasses with the CRD's defaults.
+
+`parsing.parse_spec` builds them from the raw object and is the only way in; builders
+and the status take them as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.runtime import constants as rc
+
+from . import constants as c
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from: `bundled://NAME`, `hf://ORG/NAME` or `pvc://CLAIM/PATH`."""
+
+    uri: str
+    scheme: str
+    repo: str | None = None  # hf: "org/name"
+    claim: str | None = None  # pvc: claim name
+    path: str = ""  # pvc: path inside the claim, "" for its root
+
+    @property
+    def default_served_name(self) -> str:
+        if self.scheme == "bundled":
+            return rc.BUNDLED_SERVED_NAME
+        if self.scheme == "hf":
+            assert self.repo is not None
+            return self.repo
+        last = self.path.rsplit("/", 1)[-1] if self.path else (self.claim or "model")
+        return last.removesuffix(".gguf")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: ModelSource
+    served_name: str
+    revision: str | None = None
+    token_secret: SecretKeyRef | None = None
+    storage_size: str | None = None
+
+
+@dataclass(frozen=True)
+class Resources:
+    gpus: int = 0
+    gpu_resource: str = c.DEFAULT_GPU_RESOURCE
+    cpu: str | None = None
+    memory: str | None = None
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpus > 0 else "cpu"
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    tensor_parallel_size: int = c.DEFAULT_TENSOR_PARALLEL_SIZE
+    page_size: int | None = None
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    schedule_policy: str | None = None
+    overlap_schedule: bool = True
+    mem_fraction_static: float | None = None
+    attention_backend: str | None = None
+    dtype: str | None = None
+    api_key_secret: SecretKeyRef | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MetricTarget:
+    type: str  # queueDepth | kvTokenUsage
+    target: float  # average per pod
+
+    @property
+    def metric_name(self) -> str:
+        if self.type == c.METRIC_QUEUE_DEPTH:
+            return rc.HPA_METRIC_QUEUE_DEPTH
+        return rc.HPA_METRIC_KV_TOKEN_USAGE
+
+
+@dataclass(frozen=True)
+class ScalingPolicy:
+    type: str
+    value: int
+    period_seconds: int
+
+
+@dataclass(frozen=True)
+class ScalingRules:
+    stabilization_window_seconds: int
+    select_policy: str | None = None
+    policies: tuple[ScalingPolicy, ...] = ()
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    enabled: bool = False
+    min_replicas: int = c.DEFAULT_MIN_REPLICAS
+    max_replicas: int = c.DEFAULT_MAX_REPLICAS
+    metrics: tuple[MetricTarget, ...] = tuple(MetricTarget(t, v) for t, v in c.DEFAULT_METRICS)
+    scale_up: ScalingRules = ScalingRules(c.DEFAULT_SCALE_UP_WINDOW_SECONDS)
+    scale_down: ScalingRules = ScalingRules(c.DEFAULT_SCALE_DOWN_WINDOW_SECONDS)
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] | None = None
+    priority_class_name: str | None = None
+    runtime_class_name: str | None = None
+
+
+@dataclass(frozen=True)
+class InferenceServiceSpec:
+    name: str
+    namespace: str
+    image: str
+    model: ModelSpec
+    replicas: int = c.DEFAULT_REPLICAS
+    resources: Resources = Resources()
+    runtime: RuntimeOptions = RuntimeOptions()
+    autoscaling: Autoscaling = Autoscaling()
+    scheduling: Scheduling = Scheduling()
+    env: tuple[Mapping[str, Any], ...] = ()
+    startup_timeout_seconds: int = c.DEFAULT_STARTUP_TIMEOUT_SECONDS
+    termination_grace_period_seconds: int = c.DEFAULT_TERMINATION_GRACE_SECONDS
+
+    @property
+    def min_serving_replicas(self) -> int:
+        """The fewest replicas this service is meant to run (what a PDB protects)."""
+        return self.autoscaling.min_replicas if self.autoscaling.enabled else self.replicas
+
+    @property
+    def wants_pdb(self) -> bool:
+        return self.min_serving_replicas > 1

@@ -1,0 +1,194 @@
+"""InferenceService specs that must be rejected, by the CRD and by the operator alike.
+
+Each case: (id, metadata.name, spec, a fragment of the operator's problem message).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BUNDLED = {"source": "bundled://smollm2-135m"}
+
+
+def _spec(**fields: Any) -> dict[str, Any]:
+    return {"model": dict(BUNDLED)} | fields
+
+
+INVALID_CASES: list[tuple[str, str, dict[str, Any], str]] = [
+    ("model-missing", "chat", {"replicas": 1}, "spec.model: is required"),
+    (
+        "source-unknown-scheme",
+        "chat",
+        {"model": {"source": "s3://bucket/llama"}},
+        "spec.model.source",
+    ),
+    ("source-hf-without-org", "chat", {"model": {"source": "hf://llama"}}, "spec.model.source"),
+    (
+        "source-bundled-unknown",
+        "chat",
+        {"model": {"source": "bundled://llama-70b"}},
+        "spec.model.source",
+    ),
+    (
+        "source-pvc-dotdot",
+        "chat",
+        {"model": {"source": "pvc://models/../etc"}},
+        "spec.model.source",
+    ),
+    (
+        "revision-on-pvc",
+        "chat",
+        {"model": {"source": "pvc://models/llama", "revision": "main"}},
+        "spec.model.revision: is only valid for hf://",
+    ),
+    (
+        "token-on-bundled",
+        "chat",
+        {"model": {**BUNDLED, "tokenSecretRef": {"name": "hf"}}},
+        "spec.model.tokenSecretRef: is only valid for hf://",
+    ),
+    ("replicas-negative", "chat", _spec(replicas=-1), "spec.replicas: must be >= 0"),
+    ("replicas-string", "chat", _spec(replicas="2"), "spec.replicas: must be an integer"),
+    ("replicas-too-many", "chat", _spec(replicas=513), "spec.replicas: must be <= 512"),
+    (
+        "tp-does-not-divide-gpus",
+        "chat",
+        _spec(resources={"gpus": 3}, runtime={"tensorParallelSize": 2}),
+        "does not divide spec.resources.gpus",
+    ),
+    (
+        "tp-too-large",
+        "chat",
+        _spec(runtime={"tensorParallelSize": 32}),
+        "spec.runtime.tensorParallelSize: must be <= 16",
+    ),
+    ("gpus-too-many", "chat", _spec(resources={"gpus": 17}), "spec.resources.gpus: must be <= 16"),
+    (
+        "flashinfer-on-cpu",
+        "chat",
+        _spec(runtime={"attentionBackend": "flashinfer"}),
+        "flashinfer needs spec.resources.gpus > 0",
+    ),
+    (
+        "mem-fraction-one",
+        "chat",
+        _spec(resources={"gpus": 1}, runtime={"memFractionStatic": 1.0}),
+        "must be < 1",
+    ),
+    (
+        "schedule-policy-unknown",
+        "chat",
+        _spec(runtime={"schedulePolicy": "sjf"}),
+        "spec.runtime.schedulePolicy",
+    ),
+    ("dtype-unknown", "chat", _spec(runtime={"dtype": "int8"}), "spec.runtime.dtype"),
+    (
+        "extra-args-port",
+        "chat",
+        _spec(runtime={"extraArgs": ["--port=8080"]}),
+        "--port is set by the operator",
+    ),
+    (
+        "extra-args-model",
+        "chat",
+        _spec(runtime={"extraArgs": ["--model", "x"]}),
+        "--model is set by the operator",
+    ),
+    (
+        "autoscaling-min-above-max",
+        "chat",
+        _spec(autoscaling={"enabled": True, "minReplicas": 5, "maxReplicas": 2}),
+        "is greater than maxReplicas",
+    ),
+    (
+        "autoscaling-duplicate-metric",
+        "chat",
+        _spec(
+            autoscaling={
+                "metrics": [
+                    {"type": "queueDepth", "target": 4},
+                    {"type": "queueDepth", "target": 8},
+                ]
+            }
+        ),
+        "queueDepth is listed twice",
+    ),
+    (
+        "autoscaling-kv-usage-above-one",
+        "chat",
+        _spec(autoscaling={"metrics": [{"type": "kvTokenUsage", "target": 1.5}]}),
+        "must be <= 1.0",
+    ),
+    (
+        "autoscaling-unknown-metric",
+        "chat",
+        _spec(autoscaling={"metrics": [{"type": "gpuUtilization", "target": 0.5}]}),
+        "spec.autoscaling.metrics[0].type",
+    ),
+    (
+        "autoscaling-no-metrics",
+        "chat",
+        _spec(autoscaling={"metrics": []}),
+        "must name at least one metric",
+    ),
+    (
+        "autoscaling-bad-policy",
+        "chat",
+        _spec(
+            autoscaling={
+                "behavior": {
+                    "scaleUp": {"policies": [{"type": "Nodes", "value": 1, "periodSeconds": 60}]}
+                }
+            }
+        ),
+        "policies[0].type",
+    ),
+    (
+        "env-reserved",
+        "chat",
+        _spec(env=[{"name": "HF_TOKEN", "value": "x"}]),
+        "HF_TOKEN is set by the operator",
+    ),
+    (
+        "env-value-and-value-from",
+        "chat",
+        _spec(
+            env=[
+                {
+                    "name": "A",
+                    "value": "1",
+                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                }
+            ]
+        ),
+        "set value or valueFrom, not both",
+    ),
+    (
+        "env-duplicate",
+        "chat",
+        _spec(env=[{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]),
+        "A is listed twice",
+    ),
+    ("name-starts-with-digit", "1chat", _spec(), "metadata.name"),
+    ("name-too-long", "a" * 53, _spec(), "metadata.name"),
+    ("unknown-field", "chat", _spec(replica=3), "spec: unknown fields ['replica']"),
+    ("cpu-not-a-quantity", "chat", _spec(resources={"cpu": "two"}), "spec.resources.cpu"),
+    (
+        "gpu-resource-not-qualified",
+        "chat",
+        _spec(resources={"gpus": 1, "gpuResource": "gpu"}),
+        "spec.resources.gpuResource",
+    ),
+    (
+        "toleration-exists-with-value",
+        "chat",
+        _spec(scheduling={"tolerations": [{"key": "gpu", "operator": "Exists", "value": "yes"}]}),
+        "must be empty when operator is Exists",
+    ),
+    (
+        "startup-timeout-too-short",
+        "chat",
+        _spec(startupTimeoutSeconds=10),
+        "spec.startupTimeoutSeconds: must be >= 60",
+    ),
+]

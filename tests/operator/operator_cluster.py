@@ -1,0 +1,239 @@
+"""A handle on the emulated cluster for synchronous tests: the emulator runs on its own
+event loop in a thread and is reached over HTTP, like kubectl would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import kmock
+import yaml
+from operator_emulator import SluiceEmulator
+from operator_testkit import load_crd
+
+T = TypeVar("T")
+
+
+CORE_RESOURCES: dict[str, kmock.ResourceInfo] = {
+    "v1/namespaces": kmock.ResourceInfo(
+        kind="Namespace", namespaced=False, verbs={"get", "list", "watch"}
+    ),
+    "v1/events": kmock.ResourceInfo(
+        kind="Event", namespaced=True, verbs={"create", "get", "list", "watch"}
+    ),
+    "v1/services": kmock.ResourceInfo(
+        kind="Service",
+        namespaced=True,
+        verbs={"create", "get", "list", "watch", "patch", "delete"},
+        subresources={"status"},
+    ),
+    "apps/v1/deployments": kmock.ResourceInfo(
+        kind="Deployment",
+        namespaced=True,
+        verbs={"create", "get", "list", "watch", "patch", "delete"},
+        subresources={"status", "scale"},
+    ),
+    "autoscaling/v2/horizontalpodautoscalers": kmock.ResourceInfo(
+        kind="HorizontalPodAutoscaler",
+        namespaced=True,
+        verbs={"create", "get", "list", "watch", "patch", "delete"},
+        subresources={"status"},
+    ),
+    "policy/v1/poddisruptionbudgets": kmock.ResourceInfo(
+        kind="PodDisruptionBudget",
+        namespaced=True,
+        verbs={"create", "get", "list", "watch", "patch", "delete"},
+        subresources={"status"},
+    ),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
+        kind="CustomResourceDefinition",
+        namespaced=False,
+        verbs={"create", "get", "list", "watch"},
+    ),
+}
+PODMONITOR_RESOURCE = "monitoring.coreos.com/v1/podmonitors"
+PODMONITOR_INFO = kmock.ResourceInfo(
+    kind="PodMonitor",
+    namespaced=True,
+    verbs={"create", "get", "list", "watch", "patch", "delete"},
+)
+
+
+def crd_resource_info(crd: Mapping[str, Any]) -> tuple[str, kmock.ResourceInfo]:
+    names = crd["spec"]["names"]
+    version = crd["spec"]["versions"][0]
+    key = f"{crd['spec']['group']}/{version['name']}/{names['plural']}"
+    return key, kmock.ResourceInfo(
+        kind=names["kind"],
+        singular=names["singular"],
+        namespaced=crd["spec"]["scope"] == "Namespaced",
+        shortnames=set(names.get("shortNames", [])),
+        verbs={"create", "get", "list", "watch", "patch", "delete", "update"},
+        subresources=set(version.get("subresources", {})),
+    )
+
+
+class Cluster:
+    """The emulator served on a local port from a background event loop."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="kmock", daemon=True)
+        self._thread.start()
+        if not self._started.wait(10):
+            raise RuntimeError("the API emulator did not start")
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        async with SluiceEmulator() as emulator, kmock.Server(emulator) as server:
+            self.emulator = emulator
+            self.url = str(server.url).rstrip("/")
+            for key, info in CORE_RESOURCES.items():
+                emulator.resources[key] = info
+            key, info = crd_resource_info(load_crd())
+            emulator.resources[key] = info
+            self._started.set()
+            await self._stop.wait()
+
+    def close(self) -> None:
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def on_loop(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the emulator's loop (its state is not thread-safe)."""
+
+        async def call() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(10)
+
+    def declare(self, key: str, info: kmock.ResourceInfo) -> None:
+        self.on_loop(lambda: self.emulator.resources.__setitem__(key, info))
+
+    def undeclare(self, key: str) -> None:
+        self.on_loop(lambda: self.emulator.resources.__delitem__(key))
+
+    def fail(self, method: str, path_suffix: str, status: int, times: int = 1) -> None:
+        """Make the next `times` matching requests fail with `status`, changing nothing."""
+        self.on_loop(lambda: self.emulator.faults.append([method, path_suffix, status, times]))
+
+    def write_kubeconfig(self, path: pathlib.Path) -> pathlib.Path:
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+                    "users": [{"name": "tester", "user": {"token": "test-token"}}],
+                    "contexts": [
+                        {"name": "kmock", "context": {"cluster": "kmock", "user": "tester"}}
+                    ],
+                    "current-context": "kmock",
+                }
+            )
+        )
+        return path
+
+    # -- HTTP, like kubectl ---------------------------------------------------------------
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": content_type}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"null")
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        api, plural = _api_path(obj["apiVersion"]), _PLURALS[obj["kind"]]
+        code, result = self.request(
+            "POST", f"{api}/namespaces/{obj['metadata']['namespace']}/{plural}", obj
+        )
+        assert code < 300, result
+        return result
+
+    def get(
+        self, api_version: str, plural: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        code, result = self.request(
+            "GET", f"{_api_path(api_version)}/namespaces/{namespace}/{plural}/{name}"
+        )
+        return result if code == 200 else None
+
+    def patch(
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        path = f"{_api_path(api_version)}/namespaces/{namespace}/{plural}/{name}"
+        if subresource:
+            path += f"/{subresource}"
+        code, result = self.request("PATCH", path, patch, "application/merge-patch+json")
+        assert code < 300, result
+        return result
+
+    def delete(self, api_version: str, plural: str, namespace: str, name: str) -> None:
+        code, result = self.request(
+            "DELETE", f"{_api_path(api_version)}/namespaces/{namespace}/{plural}/{name}"
+        )
+        assert code < 300, result
+
+    def list(self, api_version: str, plural: str, namespace: str) -> list[dict[str, Any]]:
+        code, result = self.request(
+            "GET", f"{_api_path(api_version)}/namespaces/{namespace}/{plural}"
+        )
+        assert code == 200, result
+        return result["items"]
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request served so far: method, path, params, content type, body, agent."""
+        return self.on_loop(lambda: list(self.emulator.log))
+
+
+_PLURALS = {
+    "InferenceService": "inferenceservices",
+    "Deployment": "deployments",
+    "Service": "services",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "PodMonitor": "podmonitors",
+}
+
+
+def _api_path(api_version: str) -> str:
+    return f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
+
+
+def wait_for(probe: Callable[[], T], *, timeout: float = 10.0, what: str = "condition") -> T:
+    """Poll `probe` until it returns something truthy; fail with the last value."""
+    deadline = time.monotonic() + timeout
+    value = probe()
+    while not value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {value!r}")
+        time.sleep(0.05)
+        value = probe()
+    return value

@@ -1,0 +1,90 @@
+"""The small pieces around the handlers: API paths and errors, login, RBAC table, CLI."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+
+from sluice.operator import rbac
+from sluice.operator.__main__ import main
+from sluice.operator.auth import has_credentials
+from sluice.operator.kube import (
+    DEPLOYMENTS,
+    INFERENCESERVICES,
+    SERVICES,
+    ApiError,
+    _error_from,
+    resource_of,
+)
+from sluice.operator.reconcile import ReconcileError, as_kopf_error
+
+VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
+
+
+def test_resource_paths_follow_the_api_layout():
+    assert SERVICES.path("ml", "chat") == "/api/v1/namespaces/ml/services/chat"
+    assert DEPLOYMENTS.path("ml") == "/apis/apps/v1/namespaces/ml/deployments"
+    assert (
+        INFERENCESERVICES.path("ml", "chat", "status")
+        == "/apis/sluice.dev/v1alpha1/namespaces/ml/inferenceservices/chat/status"
+    )
+
+
+def test_objects_map_to_their_resource():
+    assert resource_of({"apiVersion": "apps/v1", "kind": "Deployment"}) is DEPLOYMENTS
+    with pytest.raises(ValueError):
+        resource_of({"apiVersion": "batch/v1", "kind": "Job"})
+
+
+def test_api_errors_carry_the_status_reason_and_message():
+    error = _error_from(422, '{"kind": "Status", "reason": "Invalid", "message": "spec.x: bad"}')
+    assert (error.status, error.reason, error.message) == (422, "Invalid", "spec.x: bad")
+    assert _error_from(502, "<html>bad gateway</html>").message == "<html>bad gateway</html>"
+
+
+@pytest.mark.parametrize("status", [0, 401, 403, 404, 409, 429, 500, 503])
+def test_transient_api_errors_are_retried_later(status):
+    failure = as_kopf_error(ApiError(status, "X", "y"), retry_delay=7)
+    assert isinstance(failure, kopf.TemporaryError)
+    assert failure.delay == 7
+
+
+@pytest.mark.parametrize("status", [400, 422])
+def test_rejections_are_permanent_and_say_why(status):
+    failure = as_kopf_error(ApiError(status, "Invalid", "spec.template: bad"), retry_delay=7)
+    assert isinstance(failure, ReconcileError) and isinstance(failure, kopf.PermanentError)
+    assert failure.reason == "ApplyFailed"
+    assert "spec.template: bad" in str(failure)
+
+
+def test_credentials_are_recognised():
+    assert has_credentials(kopf.ConnectionInfo(server="https://k", token="t"))
+    assert has_credentials(kopf.ConnectionInfo(server="https://k", certificate_data="Y2VydA=="))
+    assert not has_credentials(kopf.ConnectionInfo(server="https://k"))  # e.g. an exec plugin
+
+
+def test_rbac_table_is_well_formed():
+    seen = set()
+    for p in rbac.REQUIRED_PERMISSIONS:
+        assert set(p.verbs) <= VERBS, p
+        assert p.scope in ("workload", "cluster"), p
+        assert p.when in ("always", "peering", "namespaces", "podmonitors"), p
+        assert p.why, p
+        assert (p.api_group, p.resource) not in seen, p
+        seen.add((p.api_group, p.resource))
+
+
+def test_rbac_grants_nothing_the_operator_does_not_use():
+    assert not rbac.allows("apps", "deployments", "delete")  # GC removes Deployments, not us
+    assert not rbac.allows("", "secrets", "get")
+    assert not rbac.allows("monitoring.coreos.com", "podmonitors", "create")  # only when installed
+    assert rbac.allows(
+        "monitoring.coreos.com", "podmonitors", "create", when=frozenset({"podmonitors"})
+    )
+
+
+def test_module_entry_point_has_help(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    assert "--default-image" in capsys.readouterr().out

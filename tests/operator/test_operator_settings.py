@@ -1,0 +1,71 @@
+"""Operator settings from the environment and from `python -m sluice.operator` flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.operator.settings import Settings
+
+
+def test_defaults_without_environment():
+    settings = Settings.from_env({})
+    assert settings == Settings()
+    assert settings.clusterwide and settings.standalone
+    assert settings.default_image == "sluice-runtime:latest"
+
+
+def test_environment_sets_every_field():
+    settings = Settings.from_env(
+        {
+            "SLUICE_DEFAULT_IMAGE": "ghcr.io/x/runtime:1",
+            "SLUICE_NAMESPACES": "ml, serving",
+            "SLUICE_LOG_FORMAT": "json",
+            "SLUICE_VERBOSE": "true",
+            "SLUICE_CLUSTER_DOMAIN": "corp.local",
+            "SLUICE_POD_MONITORS": "never",
+            "SLUICE_PEERING": "sluice",
+            "SLUICE_PRIORITY": "100",
+            "SLUICE_LIVENESS_ENDPOINT": "http://0.0.0.0:8080/healthz",
+            "SLUICE_RETRY_DELAY_SECONDS": "2.5",
+            "SLUICE_API_TIMEOUT_SECONDS": "5",
+        }
+    )
+    assert settings == Settings(
+        default_image="ghcr.io/x/runtime:1",
+        namespaces=("ml", "serving"),
+        log_format="json",
+        verbose=True,
+        cluster_domain="corp.local",
+        pod_monitors="never",
+        peering="sluice",
+        priority=100,
+        liveness_endpoint="http://0.0.0.0:8080/healthz",
+        retry_delay_seconds=2.5,
+        api_timeout_seconds=5.0,
+    )
+    assert not settings.clusterwide and not settings.standalone
+
+
+def test_flags_override_the_environment():
+    settings = Settings.from_env(
+        {"SLUICE_DEFAULT_IMAGE": "a:1", "SLUICE_NAMESPACES": "x"}
+    ).with_flags(["--default-image", "b:2", "-n", "ml", "-n", "serving", "--log-format", "full"])
+    assert (settings.default_image, settings.namespaces, settings.log_format) == (
+        "b:2",
+        ("ml", "serving"),
+        "full",
+    )
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SLUICE_LOG_FORMAT": "xml"},
+        {"SLUICE_POD_MONITORS": "always"},
+        {"SLUICE_RETRY_DELAY_SECONDS": "0"},
+        {"SLUICE_DEFAULT_IMAGE": "has space"},
+    ],
+)
+def test_invalid_settings_are_refused_at_startup(env):
+    with pytest.raises(ValueError):
+        Settings.from_env(env)
