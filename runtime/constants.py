@@ -76,3 +76,17 @@ REQUEST_STATUSES = ("stop", "length", "abort", "error")
 # the per-pod custom metrics prometheus-adapter exposes to the HPA
 HPA_METRIC_QUEUE_DEPTH = METRIC_QUEUE_REQUESTS
 HPA_METRIC_KV_TOKEN_USAGE = METRIC_KV_TOKEN_USAGE
+
+# histogram buckets (seconds); the dashboard's quantiles are only as fine as these
+TTFT_BUCKETS_SECONDS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+ITL_BUCKETS_SECONDS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+E2E_BUCKETS_SECONDS = (
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+)  # fmt: skip
+QUEUE_TIME_BUCKETS_SECONDS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+)  # fmt: skip

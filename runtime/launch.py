@@ -24,6 +24,7 @@ from sluice.runtime.entrypoints.http_server import build_app
 from sluice.runtime.entrypoints.tokenizer_manager import TokenizerManager
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerReady
 from sluice.runtime.ipc.sockets import PortArgs
+from sluice.runtime.metrics import MetricsCollector
 from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
 from sluice.runtime.scheduler.process import run_scheduler_process
 from sluice.runtime.server_args import ServerArgs
@@ -157,7 +158,8 @@ def launch_server(args: ServerArgs) -> int:
         children.stop()
         return 1
     tm = TokenizerManager(load_tokenizer(model_path), served_name(args, model_path), ready, port_args)
-    app = build_app(tm, args)
+    metrics = MetricsCollector(tm.served_model_name, tm.stats)
+    app = build_app(tm, args, metrics_handler=metrics.handler)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     server = DrainingServer(config, tm, args.drain_timeout)
 
@@ -168,6 +170,7 @@ def launch_server(args: ServerArgs) -> int:
         asyncio.get_running_loop().create_task(_watch_children(children))
         if not args.disable_warmup:
             await warm_up(tm)
+        metrics.attach(tm)  # after the warm-up: it is not a request to count
         tm.is_ready = True
         logger.info(
             "serving %s on http://%s:%d (KV pool %d tokens, context %d, %d request slots)",

@@ -78,7 +78,9 @@ class TokenizerManager:
         self._from_detokenizer.bind(port_args.tokenizer_input)
         self._states: dict[str, _ReqState] = {}
         self._loop_task: asyncio.Task[None] | None = None
-        self.listeners: list[Any] = []  # objects with on_chunk(rid, chunk, state) / on_stats
+        # objects with on_chunk(rid, chunk, state), on_stats(stats) and optionally
+        # on_abort(rid, state) (the request ended unfinished: its client went away)
+        self.listeners: list[Any] = []
 
     @property
     def num_inflight(self) -> int:
@@ -134,6 +136,9 @@ class TokenizerManager:
             if not finished:
                 logger.info("request aborted rid=%s reason=client-gone", rid)
                 send(self._to_scheduler, AbortReq(rid))
+                for listener in self.listeners:
+                    if hasattr(listener, "on_abort"):
+                        listener.on_abort(rid, state)
 
     async def _receive_loop(self) -> None:
         while True:

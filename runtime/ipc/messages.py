@@ -99,7 +99,8 @@ class BatchStrOut:
 @register
 @dataclass
 class SchedulerStats:
-    """The scheduler's gauges and counters, published at least once a second."""
+    """The scheduler's gauges and counters, published at least once a second and whenever
+    the queue, the running set, retractions or KV usage change (`scheduler/process.py`)."""
 
     queue_requests: int = 0
     running_requests: int = 0
@@ -112,6 +113,8 @@ class SchedulerStats:
     max_total_tokens: int = 0
     free_tokens: int = 0
     cached_tokens: int = 0
+    # seconds from arrival to first admission, one per request admitted since the last message
+    queue_times: list[float] = field(default_factory=list)
 
 
 @register

@@ -36,6 +36,11 @@ def _needs_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
+def needs_history(row: SamplingRow) -> bool:
+    """Whether sampling this row reads the request's generated tokens."""
+    return _needs_penalty(row.params)
+
+
 def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     """Penalise one row of logits in place, as vLLM and SGLang define the penalties."""
     p = row.params

@@ -8,7 +8,9 @@ kept, and they go back to the head of the waiting queue to be re-prefilled later
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.request import Req, ReqState
@@ -59,7 +61,7 @@ class NewTokenRatio:
         self.value = min(1.0, max(self.floor, estimate))
 
 
-def retraction_order(policy: str) -> callable:
+def retraction_order(policy: str) -> Callable[[Req], Any]:
     """Sort key: requests retracted first come first."""
     if policy == "length":  # fewest generated tokens first, then longest prompt
         return lambda r: (len(r.output_ids), -len(r.input_ids))

@@ -88,10 +88,10 @@ def _dfs_weight(queue: list[Req], radix: RadixCache) -> list[Req]:
         nodes[id(node)] = node
     weight: dict[int, int] = defaultdict(int)
     for nid, reqs in by_node.items():
-        node: Node | None = nodes[nid]
-        while node is not None:
-            weight[id(node)] += len(reqs)
-            node = node.parent
+        walk: Node | None = nodes[nid]
+        while walk is not None:
+            weight[id(walk)] += len(reqs)
+            walk = walk.parent
     out: list[Req] = []
 
     def visit(node: Node) -> None:

@@ -106,6 +106,7 @@ def serve_forever(
         if scheduler.has_work:
             msgs = recv_all_nowait(inbox)
         else:
+            scheduler.on_idle()  # reset new_token_ratio and check integrity before waiting
             first = recv(inbox, timeout_ms=int(STATS_INTERVAL_S * 1000))
             msgs = [] if first is None else [first, *recv_all_nowait(inbox)]
             if first is None and os.getppid() != parent:

@@ -164,8 +164,8 @@ class Scheduler:
         t0 = time.perf_counter()
         batch, retracted = self._schedule(allow_retract=True)
         t1 = time.perf_counter()
-        if batch is None or batch is NEED_SYNC:
-            self._on_idle()
+        if not isinstance(batch, ScheduledBatch):
+            self.on_idle()
             self.timing.add(idle=t1 - t0)
             return None
         result = self._launch(batch).result()
@@ -192,7 +192,7 @@ class Scheduler:
         t3 = time.perf_counter()
         if not isinstance(batch, ScheduledBatch):
             if previous is None:
-                self._on_idle()
+                self.on_idle()
             self.timing.add(idle=t1 - t0, process=t3 - t2)
             return None
         self.timing.add(schedule=t1 - t0, launch=t2 - t1, process=t3 - t2)
@@ -409,7 +409,8 @@ class Scheduler:
         else:
             self.cache.release(req)
 
-    def _on_idle(self) -> None:
+    def on_idle(self) -> None:
+        """With nothing left to run: reset new_token_ratio and check the books."""
         if not self.has_work and not self._deferred:
             self.ratio.reset()
             if self.config.check_integrity_when_idle:

@@ -14,8 +14,8 @@ HEADS, KV_HEADS, DIM = 4, 2, 16
 
 
 def make_batch(kv, table, rows, prefix_lens, extend_lens, mode):
-    seq = [p + e for p, e in zip(prefix_lens, extend_lens)]
-    loc = torch.cat([table[r, p : p + e].long() for r, p, e in zip(rows, prefix_lens, extend_lens)])
+    seq = [p + e for p, e in zip(prefix_lens, extend_lens, strict=False)]
+    loc = torch.cat([table[r, p : p + e].long() for r, p, e in zip(rows, prefix_lens, extend_lens, strict=False)])
     t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
     return ForwardBatch(
         mode=mode, input_ids=t([0] * len(loc)), positions=t([0] * len(loc)), out_cache_loc=loc,

@@ -1,0 +1,79 @@
+"""Prometheus metrics for the API server: `GET /metrics` shows the scheduler's gauges and
+counters (mirrored from its `SchedulerStats` messages) and the server's request counters
+and latency histograms, every series labelled with the served model name.
+
+`MetricsCollector` is a TokenizerManager listener (`on_chunk`, `on_abort`, `on_stats`) and
+owns the `/metrics` handler. Names come from `sluice.runtime.constants`; they are an
+interface shared with the operator's HPA, the alerts and the dashboard in `monitoring/`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from sluice.runtime.ipc.messages import SchedulerStats
+from sluice.runtime.metrics.requests import RequestMetrics
+from sluice.runtime.metrics.scheduler_mirror import SCHEDULER_METRICS, SchedulerMirror
+
+__all__ = ["MetricsCollector", "SCHEDULER_METRICS"]
+
+logger = logging.getLogger("sluice.metrics")
+
+
+class MetricsCollector:
+    """All of one server's metrics, in a registry of its own.
+
+    The listener hooks run inside the TokenizerManager's receive loop: a bug here must not
+    stall every request, so they log and swallow their own errors.
+    """
+
+    def __init__(self, model: str, initial_stats: SchedulerStats | None = None) -> None:
+        # no `*_created` series: they double the series count and nothing reads them
+        disable_created_metrics()
+        self.model = model
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.scheduler = SchedulerMirror(model, initial_stats)
+        self.registry.register(self.scheduler)
+        self.requests = RequestMetrics(model, self.registry)
+
+    def attach(self, tm: Any) -> None:
+        """Start listening to a TokenizerManager, from its latest scheduler stats on."""
+        self.scheduler.update(tm.stats)
+        tm.listeners.append(self)
+
+    # --- TokenizerManager listener --------------------------------------------------------
+    def on_stats(self, stats: SchedulerStats) -> None:
+        try:
+            self.scheduler.update(stats)
+            self.requests.on_queue_times(stats.queue_times)
+        except Exception:
+            logger.exception("metrics: cannot record scheduler stats")
+
+    def on_chunk(self, rid: str, chunk: Any, state: Any) -> None:
+        try:
+            self.requests.on_chunk(rid, chunk, state.created)
+        except Exception:
+            logger.exception("metrics: cannot record an update of rid=%s", rid)
+
+    def on_abort(self, rid: str, state: Any) -> None:
+        try:
+            self.requests.on_abort(rid, state.created)
+        except Exception:
+            logger.exception("metrics: cannot record the abort of rid=%s", rid)
+
+    # --- exposition -----------------------------------------------------------------------
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def handler(self) -> Response:
+        """GET /metrics: Prometheus text format."""
+        return Response(self.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,130 @@
+"""The API server's request metrics: counters by finish status, token counters, latency
+histograms. Fed by the TokenizerManager's listener hooks, one call per update.
+
+What each series counts:
+- `sluice_requests_total{status}`: every request that ended, once. `stop` and `length` are
+  the scheduler's finish reasons; `abort` is a request whose client went away (or whose
+  handler was cancelled) before it finished; `error` is a request the server ended without
+  completing it (the scheduler aborted it: KV pool exhausted, prompt too long for the
+  context, ...). Requests refused before they reach the scheduler (a 4xx) are not counted.
+- `sluice_prompt_tokens_total` / `sluice_cached_tokens_total`: prompt tokens (and those
+  served from the prefix cache) of each request, counted when its first token arrives.
+- `sluice_generation_tokens_total`: tokens generated, counted as they arrive.
+- `sluice_time_to_first_token_seconds`: request arrival at the TokenizerManager to its
+  first token, once per request that produced one.
+- `sluice_inter_token_latency_seconds`: once per token after the first; tokens that arrive
+  together in one update share the gap since the previous update (`completion_tokens - 1`
+  observations per request).
+- `sluice_e2e_request_latency_seconds`: arrival to the end, once per request counted in
+  `sluice_requests_total` (whatever its status).
+- `sluice_queue_time_seconds`: arrival to the first time the scheduler admitted the request
+  into a batch, measured by the scheduler and observed here from its stats messages.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from sluice.runtime import constants as C
+
+FINISHED_STATUSES = {"stop": "stop", "length": "length"}  # any other finish kind is an error
+
+
+@dataclass
+class _Timing:
+    created: float  # monotonic, when the TokenizerManager accepted the request
+    last_token_at: float | None = None
+    completion_tokens: int = 0
+    prompt_counted: bool = False
+
+
+class RequestMetrics:
+    def __init__(self, model: str, registry: CollectorRegistry) -> None:
+        labels = [C.LABEL_MODEL]
+
+        def counter(name: str, help: str) -> Any:
+            return Counter(name, help, labels, registry=registry).labels(model)
+
+        def histogram(name: str, help: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, help, labels, registry=registry, buckets=buckets).labels(model)
+
+        requests = Counter(
+            C.METRIC_REQUESTS_TOTAL,
+            "Requests that ended, by status: stop, length, abort (client gone), error.",
+            [C.LABEL_MODEL, C.LABEL_STATUS],
+            registry=registry,
+        )
+        # every status exists from the start, so rate() and alerts see a 0, not nothing
+        self.requests = {s: requests.labels(model, s) for s in C.REQUEST_STATUSES}
+        self.prompt_tokens = counter(C.METRIC_PROMPT_TOKENS_TOTAL, "Prompt tokens processed.")
+        self.generation_tokens = counter(C.METRIC_GENERATION_TOKENS_TOTAL, "Tokens generated.")
+        self.cached_tokens = counter(
+            C.METRIC_CACHED_TOKENS_TOTAL, "Prompt tokens served from the prefix cache."
+        )
+        self.ttft = histogram(
+            C.METRIC_TTFT_SECONDS, "Time from arrival to the first token.", C.TTFT_BUCKETS_SECONDS
+        )
+        self.itl = histogram(
+            C.METRIC_ITL_SECONDS, "Time between consecutive tokens of a request.",
+            C.ITL_BUCKETS_SECONDS,
+        )  # fmt: skip
+        self.e2e = histogram(
+            C.METRIC_E2E_SECONDS,
+            "Time from arrival to the end of a request.",
+            C.E2E_BUCKETS_SECONDS,
+        )
+        self.queue_time = histogram(
+            C.METRIC_QUEUE_TIME_SECONDS,
+            "Time from arrival until the scheduler first admitted the request into a batch.",
+            C.QUEUE_TIME_BUCKETS_SECONDS,
+        )
+        self._live: dict[str, _Timing] = {}
+
+    @property
+    def num_tracked(self) -> int:
+        return len(self._live)
+
+    def on_chunk(self, rid: str, chunk: Any, created: float, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        t = self._live.get(rid)
+        if t is None:
+            t = self._live[rid] = _Timing(created)
+        n = len(chunk.token_ids)
+        if n:
+            if t.last_token_at is None:
+                self.ttft.observe(max(0.0, now - t.created))
+                for _ in range(n - 1):  # arrived together with the first
+                    self.itl.observe(0.0)
+            else:
+                gap = max(0.0, now - t.last_token_at) / n
+                for _ in range(n):
+                    self.itl.observe(gap)
+            t.last_token_at = now
+            if not t.prompt_counted:
+                t.prompt_counted = True
+                self.prompt_tokens.inc(chunk.prompt_tokens)
+                self.cached_tokens.inc(chunk.cached_tokens)
+        if chunk.completion_tokens > t.completion_tokens:
+            self.generation_tokens.inc(chunk.completion_tokens - t.completion_tokens)
+            t.completion_tokens = chunk.completion_tokens
+        if chunk.finished is not None:
+            self._end(rid, FINISHED_STATUSES.get(chunk.finished.kind, "error"), now)
+
+    def on_abort(self, rid: str, created: float, now: float | None = None) -> None:
+        """The request's client went away before it finished."""
+        now = time.monotonic() if now is None else now
+        self._live.setdefault(rid, _Timing(created))
+        self._end(rid, "abort", now)
+
+    def on_queue_times(self, seconds: list[float]) -> None:
+        for s in seconds:
+            self.queue_time.observe(max(0.0, s))
+
+    def _end(self, rid: str, status: str, now: float) -> None:
+        t = self._live.pop(rid)
+        self.requests[status].inc()
+        self.e2e.observe(max(0.0, now - t.created))
