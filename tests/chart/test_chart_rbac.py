@@ -1,0 +1,175 @@
+"""The chart's RBAC is exactly the operator's permission table (operator/rbac.py) for the
+chosen settings: every permission the table lists is granted where the operator needs it,
+and nothing else is (no wildcards, no extra verbs, resources or namespaces).
+
+tests/operator/test_operator_kopf.py records every request the operator sends to the API
+emulator and checks that the table allows each of them and grants nothing unused; together
+the two tests tie the chart's RBAC to the operator's real API calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import yaml
+from chart_testkit import CHART_DIR, NAMESPACE, find, one, render_objects
+
+from sluice.operator.rbac import REQUIRED_PERMISSIONS, Permission
+
+WATCHED = ["team-a", "team-b"]
+CLUSTER = None  # the "namespace" of a cluster-wide grant
+
+SCENARIOS = [
+    pytest.param(clusterwide, peering, podmonitors, id=f"{scope}-{peer}-{pm}")
+    for (clusterwide, scope), (peering, peer), (podmonitors, pm) in itertools.product(
+        [(True, "clusterwide"), (False, "namespaced")],
+        [(False, "standalone"), (True, "peering")],
+        [(True, "podmonitors"), (False, "no-podmonitors")],
+    )
+]
+
+
+def values_for(clusterwide: bool, peering: bool, podmonitors: bool) -> dict[str, Any]:
+    return {
+        "operator": {
+            "watchNamespaces": [] if clusterwide else WATCHED,
+            "peering": {"enabled": peering},
+            "replicas": 2 if peering else 1,
+        },
+        "rbac": {"podMonitors": podmonitors},
+    }
+
+
+def needed(p: Permission, clusterwide: bool, peering: bool, podmonitors: bool) -> bool:
+    """Whether the operator needs permission `p` with these settings (operator/rbac.py's
+    `when`; Kopf peers through a ClusterKopfPeering when it watches the whole cluster and
+    through a KopfPeering in each namespace otherwise)."""
+    return {
+        "always": True,
+        "namespaces": not clusterwide,
+        "podmonitors": podmonitors,
+        "peering": peering and (p.scope == "cluster") == clusterwide,
+    }[p.when]
+
+
+def expected_grants(clusterwide: bool, peering: bool, podmonitors: bool) -> set[tuple]:
+    """(namespace or CLUSTER, api group, resource, verb) the operator must hold."""
+    grants = set()
+    for p in REQUIRED_PERMISSIONS:
+        if not needed(p, clusterwide, peering, podmonitors):
+            continue
+        where = [CLUSTER] if clusterwide or p.scope == "cluster" else WATCHED
+        grants |= {(ns, p.api_group, p.resource, verb) for ns in where for verb in p.verbs}
+    return grants
+
+
+def bound_rules(objects: list[dict[str, Any]]) -> list[tuple[str | None, dict[str, Any]]]:
+    """(namespace or CLUSTER, rule) for every rule bound to the operator's ServiceAccount."""
+    account = one(objects, "ServiceAccount")["metadata"]
+    subject = {"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o
+             for o in objects if o["kind"] in ("ClusterRole", "Role")}  # fmt: skip
+    result = []
+    for binding in find(objects, "ClusterRoleBinding") + find(objects, "RoleBinding"):
+        assert binding["subjects"] == [subject]
+        ref = binding["roleRef"]
+        assert ref["apiGroup"] == "rbac.authorization.k8s.io"
+        where = binding["metadata"].get("namespace")  # None for a ClusterRoleBinding
+        role = roles[(ref["kind"], where if ref["kind"] == "Role" else None, ref["name"])]
+        result += [(where, rule) for rule in role["rules"]]
+    return result
+
+
+def granted(objects: list[dict[str, Any]]) -> set[tuple]:
+    grants = set()
+    for where, rule in bound_rules(objects):
+        for group, resource, verb in itertools.product(
+            rule["apiGroups"], rule["resources"], rule["verbs"]
+        ):
+            grants.add((where, group, resource, verb))
+    return grants
+
+
+def allows(objects, namespace: str, group: str, resource: str, verb: str) -> bool:
+    """Kubernetes' RBAC decision for the operator's ServiceAccount (wildcards included)."""
+
+    def match(values, value):
+        return "*" in values or value in values
+
+    return any(
+        (where is CLUSTER or where == namespace)
+        and match(rule.get("apiGroups", []), group)
+        and match(rule.get("resources", []), resource)
+        and match(rule.get("verbs", []), verb)
+        and not rule.get("resourceNames")
+        for where, rule in bound_rules(objects)
+    )
+
+
+@pytest.mark.parametrize("clusterwide, peering, podmonitors", SCENARIOS)
+def test_rbac_grants_exactly_the_permission_table(clusterwide, peering, podmonitors):
+    objects = render_objects(values_for(clusterwide, peering, podmonitors))
+    assert granted(objects) == expected_grants(clusterwide, peering, podmonitors)
+
+
+@pytest.mark.parametrize("clusterwide, peering, podmonitors", SCENARIOS)
+def test_every_needed_permission_is_allowed_where_the_operator_works(
+    clusterwide, peering, podmonitors
+):
+    objects = render_objects(values_for(clusterwide, peering, podmonitors))
+    for p in REQUIRED_PERMISSIONS:
+        if needed(p, clusterwide, peering, podmonitors):
+            for ns, verb in itertools.product(WATCHED, p.verbs):
+                assert allows(objects, ns, p.api_group, p.resource, verb), (ns, p, verb)
+
+
+@pytest.mark.parametrize("clusterwide, peering, podmonitors", SCENARIOS)
+def test_rbac_has_no_wildcards_or_special_grants(clusterwide, peering, podmonitors):
+    objects = render_objects(values_for(clusterwide, peering, podmonitors))
+    for _, rule in bound_rules(objects):
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no nonResourceURLs
+        assert len(rule["apiGroups"]) == len(rule["resources"]) == 1, rule
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field] and not any("*" in v for v in rule[field]), rule
+        assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
+
+
+def test_what_the_operator_never_does_is_denied():
+    for values in (values_for(True, True, True), values_for(False, True, True)):
+        objects = render_objects(values)
+        for group, resource, verb in [
+            ("", "secrets", "get"),
+            ("", "pods", "list"),
+            ("", "configmaps", "create"),
+            ("apps", "deployments", "delete"),  # garbage collection deletes them
+            ("sluice.dev", "inferenceservices", "delete"),
+            ("sluice.dev", "inferenceservices", "create"),
+            ("rbac.authorization.k8s.io", "roles", "create"),
+            ("apiextensions.k8s.io", "customresourcedefinitions", "create"),
+        ]:
+            assert not allows(objects, "team-a", group, resource, verb), (group, resource, verb)
+
+
+def test_namespaced_operator_gets_nothing_outside_its_namespaces():
+    objects = render_objects(values_for(False, False, True))
+    assert not allows(objects, "kube-system", "apps", "deployments", "get")
+    assert not allows(objects, "other", "sluice.dev", "inferenceservices", "watch")
+    assert {o["metadata"]["namespace"] for o in find(objects, "Role")} == set(WATCHED)
+    assert {o["metadata"]["namespace"] for o in find(objects, "RoleBinding")} == set(WATCHED)
+
+
+def test_no_rbac_is_rendered_when_turned_off():
+    objects = render_objects({"rbac": {"create": False}})
+    assert not [o for o in objects if o["apiVersion"].startswith("rbac.authorization.k8s.io")]
+
+
+def test_the_charts_permission_file_is_the_operators_table():
+    """files/operator-rbac.yaml is generated from operator/rbac.py; on a difference run
+    scripts/sync_chart_assets.sh."""
+    data = yaml.safe_load((CHART_DIR / "files" / "operator-rbac.yaml").read_text())
+    assert [
+        Permission(p["apiGroup"], p["resource"], tuple(p["verbs"]), p["scope"], p["when"], p["why"])
+        for p in data["permissions"]
+    ] == list(REQUIRED_PERMISSIONS), "run scripts/sync_chart_assets.sh"
