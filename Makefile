@@ -39,7 +39,7 @@ lint: setup
 
 # copy the CRD, the monitoring assets and the RBAC table into the chart (tests check they match)
 chart-sync: setup
-	PY=$(PY) scripts/sync_chart_assets.sh
+	PYTHON=$(PY) scripts/sync_chart_assets.sh
 
 bench: model
 	$(PY) benchmarks/bench_serving.py --launch-server --model $(MODEL) --num-prompts 64 \
