@@ -20,273 +20,42 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
-import anyio
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice.runtime import constants as C
 from sluice.runtime.entrypoints import openai_protocol as P
+from sluice.runtime.entrypoints import openai_responses as R
+from sluice.runtime.entrypoints.streaming import (
+    SSE_DONE,
+    ChatEvents,
+    ChoiceStreams,
+    Chunk,
+    ClientGone,
+    Collected,
+    CompletionEvents,
+    EventFormat,
+    GenerateEvents,
+    SSEResponse,
+    as_protocol_error,
+    sse_event,
+    unless_disconnected,
+)
 from sluice.runtime.ipc.messages import SamplingParams
 from sluice.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sluice.http")
 
 OPEN_PATHS = frozenset({C.HEALTH_PATH, C.METRICS_PATH})  # reachable without the API key
-SSE_DONE = "data: [DONE]\n\n"
 T = TypeVar("T")
-Chunk = Any  # tokenizer_manager.GenerateChunk, duck-typed so tests can script a fake
 
 
-class ClientGone(Exception):
-    """The HTTP client disconnected before its response was ready."""
-
-
-class ChoiceStreams:
-    """One `tm.generate` per choice, each pumped by a task; iterating yields
-    (choice index, chunk) in arrival order and re-raises a generator's error.
-
-    `aclose()` cancels the tasks, which closes the generators and so aborts whatever has
-    not finished. The cancellation is requested before the first await, so it happens even
-    when `aclose` itself is interrupted.
-    """
-
-    def __init__(self, gens: list[Any]) -> None:
-        self.first_error: Exception | None = None
-        self._queue: asyncio.Queue[tuple[int, Chunk, BaseException | None]] = asyncio.Queue()
-        self._live = len(gens)
-        self._tasks = [asyncio.ensure_future(self._pump(i, g)) for i, g in enumerate(gens)]
-
-    async def _pump(self, index: int, gen: Any) -> None:
-        try:
-            async for chunk in gen:
-                self._queue.put_nowait((index, chunk, None))
-        except Exception as exc:
-            self.first_error = self.first_error or exc
-            self._queue.put_nowait((index, None, exc))
-        finally:
-            await gen.aclose()
-            self._queue.put_nowait((index, None, StopAsyncIteration()))
-
-    def __aiter__(self) -> ChoiceStreams:
-        return self
-
-    async def __anext__(self) -> tuple[int, Chunk]:
-        while self._live:
-            index, chunk, exc = await self._queue.get()
-            if isinstance(exc, StopAsyncIteration):
-                self._live -= 1
-            elif exc is not None:
-                raise exc
-            else:
-                return index, chunk
-        raise StopAsyncIteration
-
-    async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-@dataclasses.dataclass
-class _Collected:
-    """Everything one choice produced, for a non-streaming response."""
-
-    text: str = ""
-    token_ids: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    last: Chunk = None
-
-    def add(self, chunk: Chunk) -> None:
-        self.text += chunk.text
-        self.token_ids += chunk.token_ids
-        self.logprobs += chunk.logprobs
-        self.last = chunk
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """Run `work`; if the client disconnects first, cancel it and raise ClientGone."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        raise ClientGone
-    finally:
-        task.cancel()
-        watcher.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
-
-
-class _SSEResponse(StreamingResponse):
-    """Streams events while listening for the client's disconnect (whatever the server's
-    ASGI spec version), and always closes the event generator, aborting its requests."""
-
-    media_type = "text/event-stream"
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-
-                async def stream() -> None:
-                    try:
-                        await self.stream_response(send)
-                    except OSError:  # the client went away mid-send
-                        pass
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(stream)
-                await self.listen_for_disconnect(receive)
-                tg.cancel_scope.cancel()
-        finally:
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
-
-
-def _sse(payload: BaseModel | dict[str, Any]) -> str:
-    data = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
-    return f"data: {data}\n\n"
-
-
-def _as_protocol_error(exc: BaseException) -> P.ProtocolError:
-    if isinstance(exc, P.ProtocolError):
-        return exc
-    if isinstance(exc, ValueError):  # the TokenizerManager's up-front rejection
-        return P.ProtocolError(str(exc))
-    logger.error("request failed: %r", exc, exc_info=exc)
-    return P.ProtocolError(
-        "Internal server error.", status=500, type="server_error", code="internal_error"
-    )
-
-
-# --- streamed event formats -----------------------------------------------------------------
-class _EventFormat(Protocol):
-    """Turns one route's chunks into SSE events: `prelude()` before any token,
-    `on_chunk()` per chunk of choice `index`, `usage()` once at the end when asked."""
-
-    def prelude(self) -> list[str]: ...
-    def on_chunk(self, index: int, chunk: Chunk) -> list[str]: ...
-    def usage(self, usage: P.Usage) -> str: ...
-
-
-@dataclasses.dataclass
-class _ChatEvents:
-    rid: str
-    model: str
-    n: int
-    logprobs: bool
-    top: int
-    token_strings: Callable[[list[int]], list[str]]
-    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
-
-    def _event(self, choices: list[P.ChatStreamChoice], usage: P.Usage | None = None) -> str:
-        chunk = P.ChatCompletionChunk(
-            id=self.rid, created=self.created, model=self.model, choices=choices, usage=usage
-        )
-        return _sse(chunk)
-
-    def prelude(self) -> list[str]:
-        role = P.DeltaMessage(role="assistant", content="")
-        return [self._event([P.ChatStreamChoice(index=i, delta=role)]) for i in range(self.n)]
-
-    def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
-        events = []
-        lp = None
-        if self.logprobs:
-            lp = P.chat_logprobs(self.token_strings(chunk.token_ids), chunk.logprobs, self.top)
-        if chunk.text or (lp is not None and chunk.token_ids):
-            delta = P.DeltaMessage(content=chunk.text)
-            events.append(self._event([P.ChatStreamChoice(index=index, delta=delta, logprobs=lp)]))
-        if chunk.finished is not None:
-            end = P.ChatStreamChoice(
-                index=index,
-                delta=P.DeltaMessage(),
-                finish_reason=P.finish_reason(chunk.finished),
-                stop_reason=P.stop_reason(chunk.finished),
-            )
-            events.append(self._event([end]))
-        return events
-
-    def usage(self, usage: P.Usage) -> str:
-        return self._event([], usage)
-
-
-@dataclasses.dataclass
-class _CompletionEvents:
-    rid: str
-    model: str
-    n: int
-    logprobs: int | None
-    echo: str
-    token_strings: Callable[[list[int]], list[str]]
-    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
-    offsets: list[int] = dataclasses.field(default_factory=list)
-
-    def _event(self, choices: list[P.CompletionChoice], usage: P.Usage | None = None) -> str:
-        response = P.CompletionResponse(
-            id=self.rid, created=self.created, model=self.model, choices=choices, usage=usage
-        )
-        return _sse(response)
-
-    def prelude(self) -> list[str]:
-        self.offsets = [len(self.echo)] * self.n
-        if not self.echo:
-            return []
-        return [self._event([P.CompletionChoice(index=i, text=self.echo)]) for i in range(self.n)]
-
-    def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
-        lp = None
-        if self.logprobs is not None:
-            tokens = self.token_strings(chunk.token_ids)
-            lp = P.completion_logprobs(tokens, chunk.logprobs, self.logprobs, self.offsets[index])
-            self.offsets[index] += sum(len(t) for t in tokens)
-        if not (chunk.text or chunk.finished is not None or (lp is not None and lp.tokens)):
-            return []
-        choice = P.CompletionChoice(
-            index=index,
-            text=chunk.text,
-            logprobs=lp,
-            finish_reason=P.finish_reason(chunk.finished),
-            stop_reason=P.stop_reason(chunk.finished),
-        )
-        return [self._event([choice])]
-
-    def usage(self, usage: P.Usage) -> str:
-        return self._event([], usage)
-
-
-@dataclasses.dataclass
-class _GenerateEvents:
-    """SGLang's /generate stream: each event carries the text and ids so far."""
-
-    rid: str
-    logprobs: bool
-    so_far: _Collected = dataclasses.field(default_factory=_Collected)
-
-    def prelude(self) -> list[str]:
-        return []
-
-    def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
-        c = self.so_far
-        c.add(chunk)
-        lps = c.logprobs if self.logprobs else None
-        return [_sse(P.generate_body(self.rid, c.text, c.token_ids, lps, chunk))]
-
-    def usage(self, usage: P.Usage) -> str:  # the counts are in every event already
-        return ""
-
-
-# --- the server -----------------------------------------------------------------------------
 class _Server:
     def __init__(self, tm: Any, args: ServerArgs) -> None:
         self.tm = tm
@@ -342,26 +111,26 @@ class _Server:
         await asyncio.sleep(0)
         if streams.first_error is not None:
             await streams.aclose()
-            raise _as_protocol_error(streams.first_error)
+            raise as_protocol_error(streams.first_error)
         return streams
 
     async def collect(
         self, request: Request, streams: ChoiceStreams, n: int, abort_is_error: bool = True
-    ) -> list[_Collected]:
+    ) -> list[Collected]:
         """Every choice's output; all are aborted if the client goes away first."""
 
-        async def run() -> list[_Collected]:
-            choices = [_Collected() for _ in range(n)]
+        async def run() -> list[Collected]:
+            choices = [Collected() for _ in range(n)]
             try:
                 async for index, chunk in streams:
                     choices[index].add(chunk)
             except Exception as exc:
-                raise _as_protocol_error(exc) from exc
+                raise as_protocol_error(exc) from exc
             finally:
                 await streams.aclose()
             return choices
 
-        choices = await _unless_disconnected(request, run())
+        choices = await unless_disconnected(request, run())
         for c in choices:
             if c.last is None or c.last.finished is None:  # ended without a finish: lost
                 raise self.aborted(c.last)
@@ -378,7 +147,7 @@ class _Server:
     async def events(
         self,
         streams: ChoiceStreams,
-        fmt: _EventFormat,
+        fmt: EventFormat,
         n: int,
         include_usage: bool,
         abort_is_error: bool,
@@ -391,7 +160,7 @@ class _Server:
                 yield event
             async for index, chunk in streams:
                 if abort_is_error and chunk.finished is not None and chunk.finished.kind == "abort":
-                    yield _sse(self.aborted(chunk).body())
+                    yield sse_event(self.aborted(chunk).body())
                     break
                 for event in fmt.on_chunk(index, chunk):
                     yield event
@@ -399,9 +168,9 @@ class _Server:
                     finals[index] = chunk
             else:
                 if include_usage and len(finals) == n:
-                    yield fmt.usage(P.usage_of([finals[i] for i in range(n)]))
+                    yield fmt.usage(R.usage_of([finals[i] for i in range(n)]))
         except Exception as exc:
-            yield _sse(_as_protocol_error(exc).body())
+            yield sse_event(as_protocol_error(exc).body())
         finally:
             await streams.aclose()
         yield SSE_DONE
@@ -418,17 +187,17 @@ class _Server:
         rid = f"cmpl-{uuid.uuid4().hex}"
         streams = await self.start(ids, params, req.n, rid)
         if req.stream:
-            fmt = _CompletionEvents(rid, model, req.n, req.logprobs, echo, self.token_strings)
-            return _SSEResponse(self.events(streams, fmt, req.n, req.include_usage, True))
+            fmt = CompletionEvents(rid, model, req.n, req.logprobs, echo, self.token_strings)
+            return SSEResponse(self.events(streams, fmt, req.n, req.include_usage, True))
         collected = await self.collect(request, streams, req.n)
         choices = []
         for i, c in enumerate(collected):
             lp = None
             if req.logprobs is not None:
                 tokens = self.token_strings(c.token_ids)
-                lp = P.completion_logprobs(tokens, c.logprobs, req.logprobs, len(echo))
+                lp = R.completion_logprobs(tokens, c.logprobs, req.logprobs, len(echo))
             choices.append(
-                P.CompletionChoice(
+                R.CompletionChoice(
                     index=i,
                     text=echo + c.text,
                     logprobs=lp,
@@ -436,8 +205,8 @@ class _Server:
                     stop_reason=P.stop_reason(c.last.finished),
                 )
             )
-        usage = P.usage_of([c.last for c in collected])
-        body = P.CompletionResponse(id=rid, model=model, choices=choices, usage=usage)
+        usage = R.usage_of([c.last for c in collected])
+        body = R.CompletionResponse(id=rid, model=model, choices=choices, usage=usage)
         return JSONResponse(body.model_dump())
 
     async def chat(self, request: Request) -> Response:
@@ -459,14 +228,14 @@ class _Server:
         streams = await self.start(ids, params, req.n, rid)
         top = req.top_logprobs or 0
         if req.stream:
-            fmt = _ChatEvents(rid, model, req.n, req.logprobs, top, self.token_strings)
-            return _SSEResponse(self.events(streams, fmt, req.n, req.include_usage, True))
+            fmt = ChatEvents(rid, model, req.n, req.logprobs, top, self.token_strings)
+            return SSEResponse(self.events(streams, fmt, req.n, req.include_usage, True))
         collected = await self.collect(request, streams, req.n)
         choices = [
-            P.ChatChoice(
+            R.ChatChoice(
                 index=i,
-                message=P.ChatResponseMessage(content=c.text),
-                logprobs=P.chat_logprobs(self.token_strings(c.token_ids), c.logprobs, top)
+                message=R.ChatResponseMessage(content=c.text),
+                logprobs=R.chat_logprobs(self.token_strings(c.token_ids), c.logprobs, top)
                 if req.logprobs
                 else None,
                 finish_reason=P.finish_reason(c.last.finished),
@@ -474,8 +243,8 @@ class _Server:
             )
             for i, c in enumerate(collected)
         ]
-        usage = P.usage_of([c.last for c in collected])
-        body = P.ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage)
+        usage = R.usage_of([c.last for c in collected])
+        body = R.ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage)
         return JSONResponse(body.model_dump())
 
     async def generate(self, request: Request) -> Response:
@@ -486,20 +255,20 @@ class _Server:
         rid = req.rid or uuid.uuid4().hex
         streams = await self.start(ids, params, 1, rid)
         if req.stream:
-            fmt = _GenerateEvents(rid, req.return_logprob)
-            return _SSEResponse(self.events(streams, fmt, 1, False, False))
+            fmt = GenerateEvents(rid, req.return_logprob)
+            return SSEResponse(self.events(streams, fmt, 1, False, False))
         (c,) = await self.collect(request, streams, 1, abort_is_error=False)
         lps = c.logprobs if req.return_logprob else None
-        return JSONResponse(P.generate_body(rid, c.text, c.token_ids, lps, c.last))
+        return JSONResponse(R.generate_body(rid, c.text, c.token_ids, lps, c.last))
 
     def models(self) -> dict[str, Any]:
-        card = P.ModelCard(
+        card = R.ModelCard(
             id=self.tm.served_model_name,
             created=self.created,
             root=self.args.model,
             max_model_len=self.tm.context_len,
         )
-        return P.ModelList(data=[card]).model_dump()
+        return R.ModelList(data=[card]).model_dump()
 
     def health(self) -> Response:
         if self.tm.is_ready and not self.tm.draining:

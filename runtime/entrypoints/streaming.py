@@ -1,0 +1,277 @@
+"""Streaming plumbing for the HTTP API: fan-in of per-choice generators, disconnect
+watching, server-sent events, and the event shape of each endpoint.
+
+One `tm.generate` runs per choice; `ChoiceStreams` merges them. A streaming response
+listens for the client's disconnect and closes the generators (which aborts the requests
+in the scheduler); a non-streaming handler races the work against `http.disconnect`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
+
+import anyio
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from sluice.runtime.entrypoints import openai_protocol as P
+from sluice.runtime.entrypoints import openai_responses as R
+
+logger = logging.getLogger("sluice.http")
+
+SSE_DONE = "data: [DONE]\n\n"
+T = TypeVar("T")
+Chunk = Any  # tokenizer_manager.GenerateChunk, duck-typed so tests can script a fake
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its response was ready."""
+
+
+class ChoiceStreams:
+    """One `tm.generate` per choice, each pumped by a task; iterating yields
+    (choice index, chunk) in arrival order and re-raises a generator's error.
+
+    `aclose()` cancels the tasks, which closes the generators and so aborts whatever has
+    not finished. The cancellation is requested before the first await, so it happens even
+    when `aclose` itself is interrupted.
+    """
+
+    def __init__(self, gens: list[Any]) -> None:
+        self.first_error: Exception | None = None
+        self._queue: asyncio.Queue[tuple[int, Chunk, BaseException | None]] = asyncio.Queue()
+        self._live = len(gens)
+        self._tasks = [asyncio.ensure_future(self._pump(i, g)) for i, g in enumerate(gens)]
+
+    async def _pump(self, index: int, gen: Any) -> None:
+        try:
+            async for chunk in gen:
+                self._queue.put_nowait((index, chunk, None))
+        except Exception as exc:
+            self.first_error = self.first_error or exc
+            self._queue.put_nowait((index, None, exc))
+        finally:
+            await gen.aclose()
+            self._queue.put_nowait((index, None, StopAsyncIteration()))
+
+    def __aiter__(self) -> ChoiceStreams:
+        return self
+
+    async def __anext__(self) -> tuple[int, Chunk]:
+        while self._live:
+            index, chunk, exc = await self._queue.get()
+            if isinstance(exc, StopAsyncIteration):
+                self._live -= 1
+            elif exc is not None:
+                raise exc
+            else:
+                return index, chunk
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+@dataclasses.dataclass
+class Collected:
+    """Everything one choice produced, for a non-streaming response."""
+
+    text: str = ""
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    last: Chunk = None
+
+    def add(self, chunk: Chunk) -> None:
+        self.text += chunk.text
+        self.token_ids += chunk.token_ids
+        self.logprobs += chunk.logprobs
+        self.last = chunk
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Run `work`; if the client disconnects first, cancel it and raise ClientGone."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientGone
+    finally:
+        task.cancel()
+        watcher.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+
+
+class SSEResponse(StreamingResponse):
+    """Streams events while listening for the client's disconnect (whatever the server's
+    ASGI spec version), and always closes the event generator, aborting its requests."""
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:  # the client went away mid-send
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+def sse_event(payload: BaseModel | dict[str, Any]) -> str:
+    data = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
+    return f"data: {data}\n\n"
+
+
+def as_protocol_error(exc: BaseException) -> P.ProtocolError:
+    if isinstance(exc, P.ProtocolError):
+        return exc
+    if isinstance(exc, ValueError):  # the TokenizerManager's up-front rejection
+        return P.ProtocolError(str(exc))
+    logger.error("request failed: %r", exc, exc_info=exc)
+    return P.ProtocolError(
+        "Internal server error.", status=500, type="server_error", code="internal_error"
+    )
+
+
+# --- streamed event formats -----------------------------------------------------------------
+class EventFormat(Protocol):
+    """Turns one route's chunks into SSE events: `prelude()` before any token,
+    `on_chunk()` per chunk of choice `index`, `usage()` once at the end when asked."""
+
+    def prelude(self) -> list[str]: ...
+    def on_chunk(self, index: int, chunk: Chunk) -> list[str]: ...
+    def usage(self, usage: R.Usage) -> str: ...
+
+
+@dataclasses.dataclass
+class ChatEvents:
+    rid: str
+    model: str
+    n: int
+    logprobs: bool
+    top: int
+    token_strings: Callable[[list[int]], list[str]]
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    def _event(self, choices: list[R.ChatStreamChoice], usage: R.Usage | None = None) -> str:
+        chunk = R.ChatCompletionChunk(
+            id=self.rid, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+        return sse_event(chunk)
+
+    def prelude(self) -> list[str]:
+        role = R.DeltaMessage(role="assistant", content="")
+        return [self._event([R.ChatStreamChoice(index=i, delta=role)]) for i in range(self.n)]
+
+    def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
+        events = []
+        lp = None
+        if self.logprobs:
+            lp = R.chat_logprobs(self.token_strings(chunk.token_ids), chunk.logprobs, self.top)
+        if chunk.text or (lp is not None and chunk.token_ids):
+            delta = R.DeltaMessage(content=chunk.text)
+            events.append(self._event([R.ChatStreamChoice(index=index, delta=delta, logprobs=lp)]))
+        if chunk.finished is not None:
+            end = R.ChatStreamChoice(
+                index=index,
+                delta=R.DeltaMessage(),
+                finish_reason=P.finish_reason(chunk.finished),
+                stop_reason=P.stop_reason(chunk.finished),
+            )
+            events.append(self._event([end]))
+        return events
+
+    def usage(self, usage: R.Usage) -> str:
+        return self._event([], usage)
+
+
+@dataclasses.dataclass
+class CompletionEvents:
+    rid: str
+    model: str
+    n: int
+    logprobs: int | None
+    echo: str
+    token_strings: Callable[[list[int]], list[str]]
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    offsets: list[int] = dataclasses.field(default_factory=list)
+
+    def _event(self, choices: list[R.CompletionChoice], usage: R.Usage | None = None) -> str:
+        response = R.CompletionResponse(
+            id=self.rid, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+        return sse_event(response)
+
+    def prelude(self) -> list[str]:
+        self.offsets = [len(self.echo)] * self.n
+        if not self.echo:
+            return []
+        return [self._event([R.CompletionChoice(index=i, text=self.echo)]) for i in range(self.n)]
+
+    def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
+        lp = None
+        if self.logprobs is not None:
+            tokens = self.token_strings(chunk.token_ids)
+            lp = R.completion_logprobs(tokens, chunk.logprobs, self.logprobs, self.offsets[index])
+            self.offsets[index] += sum(len(t) for t in tokens)
+        if not (chunk.text or chunk.finished is not None or (lp is not None and lp.tokens)):
+            return []
+        choice = R.CompletionChoice(
+            index=index,
+            text=chunk.text,
+            logprobs=lp,
+            finish_reason=P.finish_reason(chunk.finished),
+            stop_reason=P.stop_reason(chunk.finished),
+        )
+        return [self._event([choice])]
+
+    def usage(self, usage: R.Usage) -> str:
+        return self._event([], usage)
+
+
+@dataclasses.dataclass
+class GenerateEvents:
+    """SGLang's /generate stream: each event carries the text and ids so far."""
+
+    rid: str
+    logprobs: bool
+    so_far: Collected = dataclasses.field(default_factory=Collected)
+
+    def prelude(self) -> list[str]:
+        return []
+
+    def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
+        c = self.so_far
+        c.add(chunk)
+        lps = c.logprobs if self.logprobs else None
+        return [sse_event(R.generate_body(self.rid, c.text, c.token_ids, lps, chunk))]
+
+    def usage(self, usage: R.Usage) -> str:  # the counts are in every event already
+        return ""
+
+
+# --- the server -----------------------------------------------------------------------------
