@@ -124,7 +124,10 @@ class TokenizerManager:
         self._states[rid] = state
         finished = False
         try:
-            send(self._to_scheduler, TokenizedGenerateReq(rid, list(input_ids), sampling, time.time()))
+            send(
+                self._to_scheduler,
+                TokenizedGenerateReq(rid, list(input_ids), sampling, time.time()),
+            )
             while True:
                 chunk = await state.queue.get()
                 finished = chunk.finished is not None
