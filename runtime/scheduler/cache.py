@@ -135,6 +135,27 @@ class KVCacheManager:
         req.kv_len = new_kv_len
         return slots
 
+    def cache_unfinished(self, req: Req) -> None:
+        """Share the computed full pages of a request still being prefilled in chunks, so a
+        request with the same long prefix can reuse them before this one finishes.
+
+        Only when the tree holds nothing past what the request already shares: then its own
+        full pages simply move to the tree (same pages, same table row) and stay locked."""
+        if self.radix is None:
+            return
+        full = req.kv_len // self.page_size
+        if full <= req.shared_pages:
+            return
+        tokens = req.fill_ids[: full * self.page_size]
+        if self.radix.match_prefix(tokens).num_tokens > req.shared_pages * self.page_size:
+            return  # someone cached more of it meanwhile; the finish-time insert sorts it out
+        self.radix.insert(tokens, req.kv_pages[:full])
+        node = self.radix.match_prefix(tokens).node
+        self.radix.inc_lock_ref(node)
+        self._unlock(req)
+        req.prefix_node = node
+        req.shared_pages = full
+
     # ---- release ------------------------------------------------------------------------
     def release(self, req: Req) -> None:
         """Return the request's pages and table row; its computed full pages stay cached

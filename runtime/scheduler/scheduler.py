@@ -374,7 +374,9 @@ class Scheduler:
     # ---- processing the result ----------------------------------------------------------
     def _process_result(self, batch: ScheduledBatch, out: SampleOutput) -> None:
         for i, req in enumerate(batch.reqs):
-            if not batch.sample_mask[i]:
+            if not batch.sample_mask[i]:  # an intermediate chunk: share its prefix early
+                if not req.is_finished:
+                    self.cache.cache_unfinished(req)
                 continue
             req.pending_tokens -= 1
             if req.is_finished:  # finished or aborted while this forward ran: drop the token

@@ -22,6 +22,7 @@ class Harness:
     worker: ModelWorker
     outputs: dict[str, list[int]] = field(default_factory=dict)
     finished: dict[str, object] = field(default_factory=dict)
+    cached: dict[str, int] = field(default_factory=dict)  # prompt tokens served from the cache
     ticks: list[TickResult] = field(default_factory=list)
 
     def submit(self, rid: str, input_ids: list[int], **sampling: object) -> None:
@@ -50,6 +51,7 @@ class Harness:
             return
         for i, rid in enumerate(out.rids):
             self.outputs.setdefault(rid, []).extend(out.new_token_ids[i])
+            self.cached[rid] = out.cached_tokens[i]
             if out.finished[i] is not None:
                 self.finished[rid] = out.finished[i]
 

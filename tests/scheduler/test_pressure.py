@@ -104,3 +104,16 @@ def test_disable_radix_cache_reuses_nothing(make_harness):
         h.submit(rid, prompt, max_new_tokens=1, ignore_eos=True)
         h.run_until_idle()
     assert [t.num_tokens for t in h.ticks] == [25, 25]
+
+
+def test_a_chunked_prompt_shares_its_prefix_before_it_finishes(make_harness):
+    h = make_harness(chunked_prefill_size=16, max_prefill_tokens=16, page_size=4)
+    prompt = [5 + (i * 3) % 150 for i in range(64)]
+    h.submit("first", prompt, max_new_tokens=2, ignore_eos=True)
+    h.step()
+    h.step()  # two chunks (32 tokens) of "first" are computed and cached
+    assert h.scheduler.cache.cached_size == 32
+    h.submit("twin", prompt[:32] + [7] * 8, max_new_tokens=1, ignore_eos=True)
+    h.run_until_idle()
+    assert h.cached["twin"] == 32  # reused while "first" was still being chunked
+    assert h.outputs["first"] and h.outputs["twin"]
