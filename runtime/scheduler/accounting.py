@@ -34,7 +34,8 @@ class TickTiming:
     def add(self, **seconds: float) -> None:
         for name, value in seconds.items():
             setattr(self, name, getattr(self, name) + value)
-        self.ticks += 1
+        if "schedule" in seconds or "idle" in seconds:  # once per tick
+            self.ticks += 1
 
     def take(self) -> TickTiming:
         snapshot = TickTiming(**vars(self))

@@ -135,15 +135,17 @@ class KVCacheManager:
         req.kv_len = new_kv_len
         return slots
 
-    def cache_unfinished(self, req: Req) -> None:
-        """Share the computed full pages of a request still being prefilled in chunks, so a
-        request with the same long prefix can reuse them before this one finishes.
+    def cache_unfinished(self, req: Req, computed: int) -> None:
+        """Share the computed full pages of a request that is still running (after its
+        prefill or one of its chunks), so a request with the same prefix can reuse them
+        before this one finishes. `computed`: positions whose KV the forward just wrote (in
+        the overlap loop `kv_len` may already count positions of the next, in-flight batch).
 
         Only when the tree holds nothing past what the request already shares: then its own
         full pages simply move to the tree (same pages, same table row) and stay locked."""
         if self.radix is None:
             return
-        full = req.kv_len // self.page_size
+        full = min(computed, req.kv_len) // self.page_size
         if full <= req.shared_pages:
             return
         tokens = req.fill_ids[: full * self.page_size]

@@ -188,14 +188,13 @@ class Scheduler:
             self.inflight = InFlight(batch, self._launch(batch))
         t2 = time.perf_counter()
         if previous is not None:
-            self._complete(previous)
-        t3 = time.perf_counter()
+            self._complete(previous)  # records wait, forward and process time
         if not isinstance(batch, ScheduledBatch):
             if previous is None:
                 self.on_idle()
-            self.timing.add(idle=t1 - t0, process=t3 - t2)
+            self.timing.add(idle=t1 - t0)
             return None
-        self.timing.add(schedule=t1 - t0, launch=t2 - t1, process=t3 - t2)
+        self.timing.add(schedule=t1 - t0, launch=t2 - t1)
         return TickResult(batch.mode, [r.rid for r in batch.reqs], batch.num_tokens, retracted)
 
     def drain_inflight(self) -> None:
@@ -218,8 +217,9 @@ class Scheduler:
             return
         t0 = time.perf_counter()
         result = inflight.result.result()
-        self.timing.add(wait=time.perf_counter() - t0, forward=result.forward_seconds)
+        t1 = time.perf_counter()
         self._process_result(inflight.batch, result.output)
+        self.timing.add(wait=t1 - t0, forward=result.forward_seconds, process=time.perf_counter() - t1)
         still_used = set(map(id, self.inflight.batch.reqs)) if self.inflight else set()
         keep = []
         for req in self._deferred:
@@ -374,9 +374,10 @@ class Scheduler:
     # ---- processing the result ----------------------------------------------------------
     def _process_result(self, batch: ScheduledBatch, out: SampleOutput) -> None:
         for i, req in enumerate(batch.reqs):
-            if not batch.sample_mask[i]:  # an intermediate chunk: share its prefix early
-                if not req.is_finished:
-                    self.cache.cache_unfinished(req)
+            if batch.mode is ForwardMode.EXTEND and not req.is_finished:
+                # a computed prompt (or chunk) is shareable at once, not only when it finishes
+                self.cache.cache_unfinished(req, batch.prefix_lens[i] + batch.extend_lens[i])
+            if not batch.sample_mask[i]:  # an intermediate chunk emits no token
                 continue
             req.pending_tokens -= 1
             if req.is_finished:  # finished or aborted while this forward ran: drop the token

@@ -105,3 +105,14 @@ def test_aborts_at_any_tick_free_everything(make_harness, when):
     for i in range(1, len(PROMPTS), 2):
         assert h.finished[f"r{i}"].kind == "length"
     h.assert_all_free()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_tick_timing_shows_where_the_time_went(make_harness, overlap):
+    h = make_harness(disable_overlap_schedule=not overlap)
+    many()(h)
+    h.run_until_idle()
+    t = h.scheduler.timing.take()
+    assert t.ticks >= len(h.ticks) and t.forward > 0 and t.schedule > 0 and t.process > 0
+    assert "forward=" in t.summary() and "wait=" in t.summary()
+    assert h.scheduler.timing.take().ticks == 0  # take() resets

@@ -106,7 +106,7 @@ def test_disable_radix_cache_reuses_nothing(make_harness):
     assert [t.num_tokens for t in h.ticks] == [25, 25]
 
 
-def test_a_chunked_prompt_shares_its_prefix_before_it_finishes(make_harness):
+def test_a_prompt_shares_its_prefix_before_it_finishes(make_harness):
     h = make_harness(chunked_prefill_size=16, max_prefill_tokens=16, page_size=4)
     prompt = [5 + (i * 3) % 150 for i in range(64)]
     h.submit("first", prompt, max_new_tokens=2, ignore_eos=True)
