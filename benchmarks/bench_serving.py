@@ -20,7 +20,7 @@ import os
 import resource
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,64 +30,61 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks.serving import client, dataset, metrics, report  # noqa: E402
 from benchmarks.serving import peer as hf_peer  # noqa: E402
 from sluice.runtime import constants as C  # noqa: E402
-
-
-def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
+from sluice.runtime.dataclass_cli import add_flags, option  # noqa: E402
 
 
 @dataclass(frozen=True)
 class BenchArgs:
-    backend: str = _opt(
+    backend: str = option(
         "sluice", "Server kind; the payload is OpenAI completions plus ignore_eos.", ("sluice",)
     )
-    base_url: str = _opt(f"http://{C.DEFAULT_HOST}:{C.DEFAULT_PORT}", "Server address.")
-    launch_server: bool = _opt(
+    base_url: str = option(f"http://{C.DEFAULT_HOST}:{C.DEFAULT_PORT}", "Server address.")
+    launch_server: bool = option(
         False,
         "Start `python -m sluice.runtime serve` on --base-url's port, "
         "run, then stop it (SIGTERM, then kill).",
     )
-    server_args: str = _opt("", "Extra flags for the launched server, as one string.")
-    server_timeout: float = _opt(900.0, "Seconds to wait for the launched server's /health.")
-    model: str = _opt(
+    server_args: str = option("", "Extra flags for the launched server, as one string.")
+    server_timeout: float = option(900.0, "Seconds to wait for the launched server's /health.")
+    model: str = option(
         C.BUNDLED_MODEL_NAME,
         "Model the server serves (a folder or the bundled name); --launch-server serves it.",
     )
-    model_path: str = _opt(
+    model_path: str = option(
         "",
         "Local Hugging Face folder for the tokenizer and the peer "
         "(default: --model's folder, or the bundled model's cache).",
     )
-    model_cache_dir: str = _opt(
+    model_cache_dir: str = option(
         "",
         "The server's --model-cache-dir, where the bundled model is converted to "
         "(default: the runtime's, ~/.cache/sluice); passed on to a launched server.",
     )
-    served_model_name: str = _opt("", "`model` field of requests (default: from GET /v1/models).")
-    api_key: str = _opt("", f"Bearer token for the server (also ${C.ENV_API_KEY}).")
-    dataset_name: str = _opt("random", "Prompt set.", dataset.DATASETS)
-    num_prompts: int = _opt(64, "Number of requests.")
-    random_input_len: int = _opt(512, "Longest prompt (shared-prefix: longest own part), tokens.")
-    random_output_len: int = _opt(256, "Longest output, tokens.")
-    random_range_ratio: float = _opt(0.25, "Lengths are uniform in [len * ratio, len].")
-    shared_prefix_len: int = _opt(
+    served_model_name: str = option("", "`model` field of requests (default: from GET /v1/models).")
+    api_key: str = option("", f"Bearer token for the server (also ${C.ENV_API_KEY}).")
+    dataset_name: str = option("random", "Prompt set.", dataset.DATASETS)
+    num_prompts: int = option(64, "Number of requests.")
+    random_input_len: int = option(512, "Longest prompt (shared-prefix: longest own part), tokens.")
+    random_output_len: int = option(256, "Longest output, tokens.")
+    random_range_ratio: float = option(0.25, "Lengths are uniform in [len * ratio, len].")
+    shared_prefix_len: int = option(
         256, "shared-prefix: tokens of the prefix every prompt starts with."
     )
-    seed: int = _opt(1, "Seed for lengths, prompts and arrivals.")
-    request_rate: float = _opt(math.inf, "Requests per second, Poisson arrivals (inf: all at t=0).")
-    max_concurrency: int = _opt(0, "Most requests in flight at once (0: no cap).")
-    disable_ignore_eos: bool = _opt(False, "Let requests stop at EOS (outputs may be shorter).")
-    extra_request_body: str = _opt("", "JSON object merged into every request body.")
-    warmup_requests: int = _opt(1, "Short requests sent before the clock starts.")
-    output_file: str = _opt("", "Write the results as JSON here.")
-    output_details: bool = _opt(False, "Add every request's timings and text to the JSON.")
-    peer: str = _opt("hf", "Peer run on the same prompts after the server run.", ("hf", "none"))
-    peer_batch_size: int = _opt(
+    seed: int = option(1, "Seed for lengths, prompts and arrivals.")
+    request_rate: float = option(math.inf, "Requests per second, Poisson arrivals (inf: all at t=0).")
+    max_concurrency: int = option(0, "Most requests in flight at once (0: no cap).")
+    disable_ignore_eos: bool = option(False, "Let requests stop at EOS (outputs may be shorter).")
+    extra_request_body: str = option("", "JSON object merged into every request body.")
+    warmup_requests: int = option(1, "Short requests sent before the clock starts.")
+    output_file: str = option("", "Write the results as JSON here.")
+    output_details: bool = option(False, "Add every request's timings and text to the JSON.")
+    peer: str = option("hf", "Peer run on the same prompts after the server run.", ("hf", "none"))
+    peer_batch_size: int = option(
         0,
         "Peer static batch size (0: --max-concurrency if set, "
         f"else {hf_peer.DEFAULT_PEER_BATCH_SIZE}).",
     )
-    peer_threads: int = _opt(0, "torch threads for the peer (0: every core this process may use).")
+    peer_threads: int = option(0, "torch threads for the peer (0: every core this process may use).")
 
     def validate(self) -> None:
         problems = []
@@ -115,19 +112,7 @@ class BenchArgs:
     @staticmethod
     def parser() -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-        for f in dataclasses.fields(BenchArgs):
-            flag = "--" + f.name.replace("_", "-")
-            if f.type in ("bool", bool):
-                parser.add_argument(flag, action="store_true", help=f.metadata["help"])
-                continue
-            kind = {"int": int, "float": float, "str": str}[str(f.type)]
-            parser.add_argument(
-                flag,
-                type=kind,
-                default=f.default,
-                choices=f.metadata["choices"],
-                help=f"{f.metadata['help']} (default: {f.default!r})",
-            )
+        add_flags(parser, BenchArgs)
         parser.add_argument(
             "--no-peer",
             dest="peer",

@@ -1,0 +1,34 @@
+"""Command-line flags declared once, as fields of a frozen dataclass.
+
+`option(default, help, choices)` declares a field with its help text; `add_flags(parser,
+cls)` turns every field into `--field-name` (bool fields become switches). Used by
+`ServerArgs` and the benchmark's `BenchArgs`. No heavy imports: the operator may import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata["help"]
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action="store_true", help=help_text)
+            continue
+        parser.add_argument(
+            flag,
+            type=_TYPES[str(f.type)],
+            default=f.default,
+            choices=f.metadata["choices"],
+            help=f"{help_text} (default: {f.default!r})",
+        )
