@@ -1,11 +1,13 @@
-"""Start `python -m sluice.runtime serve` as a real subprocess for integration tests."""
+"""Start `python -m sluice.runtime serve` as a real subprocess for integration tests.
+
+Launching, waiting for /health and stopping (SIGTERM, then SIGKILL to the session) are the
+benchmark's `launched_server`; this adds what tests ask of a running server.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
+import shlex
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -15,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks`
+from benchmarks.serving.server import launched_server, serve_command  # noqa: E402
 
 START_TIMEOUT_S = 300
 
@@ -28,7 +33,7 @@ def free_port() -> int:
 @dataclass
 class RunningServer:
     url: str
-    proc: subprocess.Popen
+    proc: Any  # subprocess.Popen
     log: Path
     headers: dict[str, str]
 
@@ -59,35 +64,9 @@ class RunningServer:
 
 @contextmanager
 def serve(model: Path | str, log: Path, *extra: str, api_key: str = "") -> Iterator[RunningServer]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "sluice.runtime", "serve", "--model", str(model),
-           "--port", str(port), "--device", "cpu", *extra]  # fmt: skip
-    if api_key:
-        cmd += ["--api-key", api_key]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{free_port()}"
+    flags = [*extra, "--device", "cpu", *(["--api-key", api_key] if api_key else [])]
+    command = serve_command(str(model), url, shlex.join(flags))
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    srv = RunningServer(f"http://127.0.0.1:{port}", proc, log, headers)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited with {proc.returncode}:\n{srv.log_tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"server not healthy after {START_TIMEOUT_S}s:\n{srv.log_tail()}")
-            try:
-                if httpx.get(f"{srv.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        yield srv
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with launched_server(command, url, START_TIMEOUT_S, grace_s=30, log_path=log) as server:
+        yield RunningServer(url, server.process, log, headers)

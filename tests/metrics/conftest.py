@@ -24,7 +24,8 @@ for path in (TESTS, REPO):  # tests/tiny_model.py; benchmarks.serving (its serve
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from metrics_testkit import KV_POOL_TOKENS, MODEL, REQUEST_SLOTS, free_port, generate  # noqa: E402
+from metrics_testkit import KV_POOL_TOKENS, MODEL, REQUEST_SLOTS, generate  # noqa: E402
+from server_process import free_port  # noqa: E402
 from tiny_model import make_tiny_llama  # noqa: E402
 
 from benchmarks.serving.server import launched_server, serve_command  # noqa: E402

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -35,12 +34,6 @@ ADAPTER_RULES = MONITORING / "prometheus-adapter" / "rules.yaml"
 MODEL = "tiny-llama"  # the served name: the model folder's name
 KV_POOL_TOKENS = 1024
 REQUEST_SLOTS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # every documented metric, from the constants module, with its Prometheus type

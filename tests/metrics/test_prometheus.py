@@ -36,10 +36,10 @@ from metrics_testkit import (
     dashboard_queries,
     dashboard_variable_queries,
     eventually,
-    free_port,
     run_load,
     substitute,
 )
+from server_process import free_port  # noqa: E402
 
 from sluice.runtime import constants as C
 
