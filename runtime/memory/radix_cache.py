@@ -90,9 +90,10 @@ class RadixCache:
         return upper
 
     # ---- insertion ----------------------------------------------------------------------
-    def insert(self, tokens: list[int], pages: list[int]) -> int:
-        """Cache `tokens` (page-aligned) backed by `pages`; returns how many tokens were
-        already cached. The caller frees its own pages for that already-cached range."""
+    def insert(self, tokens: list[int], pages: list[int]) -> PrefixMatch:
+        """Cache `tokens` (page-aligned) backed by `pages`. Returns how many tokens were
+        already cached (the caller frees its own pages for that range) and the node that now
+        ends `tokens`; `pages` of the result is left empty (callers never need it)."""
         assert len(tokens) == len(pages) * self.page_size
         node, pos = self.root, 0
         now = next(self._clock)
@@ -104,14 +105,14 @@ class RadixCache:
                 )
                 node.children[self._child_key(tokens, pos)] = new
                 self._account(new, +1)
-                return pos
+                return PrefixMatch(pos, [], new)
             n = self._common_pages(child.key, tokens, pos, len(tokens))
             if n * self.page_size < len(child.key):
                 child = self._split(child, n)
             child.last_access = now
             pos += len(child.key)
             node = child
-        return pos
+        return PrefixMatch(pos, [], node)
 
     # ---- locking ------------------------------------------------------------------------
     def inc_lock_ref(self, node: Node) -> None:

@@ -151,8 +151,7 @@ class KVCacheManager:
         tokens = req.fill_ids[: full * self.page_size]
         if self.radix.match_prefix(tokens).num_tokens > req.shared_pages * self.page_size:
             return  # someone cached more of it meanwhile; the finish-time insert sorts it out
-        self.radix.insert(tokens, req.kv_pages[:full])
-        node = self.radix.match_prefix(tokens).node
+        node = self.radix.insert(tokens, req.kv_pages[:full]).node
         self.radix.inc_lock_ref(node)
         self._unlock(req)
         req.prefix_node = node
@@ -165,7 +164,7 @@ class KVCacheManager:
         own = req.kv_pages[req.shared_pages :]
         if self.radix is not None and req.kv_len:
             full = req.kv_len // self.page_size
-            cached = self.radix.insert(req.fill_ids[: full * self.page_size], req.kv_pages[:full])
+            cached = self.radix.insert(req.fill_ids[: full * self.page_size], req.kv_pages[:full]).num_tokens
             dup_end = max(req.shared_pages, cached // self.page_size)
             # pages the tree already had a copy of, and the partly filled last page
             self.allocator.free(req.kv_pages[req.shared_pages : dup_end] + req.kv_pages[full:])

@@ -26,10 +26,13 @@ def test_only_one_request_is_chunked_at_a_time(make_harness):
     h = make_harness(chunked_prefill_size=16, max_prefill_tokens=16)
     h.submit("a", [7] * 40, max_new_tokens=1, ignore_eos=True)
     h.submit("b", [8] * 40, max_new_tokens=1, ignore_eos=True)
-    seen = [h.step().rids for _ in range(3)]
-    assert seen == [["a"], ["a"], ["a", "b"]] or seen == [["a"], ["a"], ["a"]]
-    assert h.scheduler.chunked_req is None or h.scheduler.chunked_req.rid == "b"
+    seen = [(h.step().rids, h.scheduler.chunked_req) for _ in range(3)]
+    # a: 16 + 16 + its last 8; b starts in the third tick's leftover 8 tokens, and only once
+    # a is no longer being chunked
+    assert [rids for rids, _ in seen] == [["a"], ["a"], ["a", "b"]]
+    assert [c.rid if c else None for _, c in seen] == ["a", "a", "b"]
     h.run_until_idle()
+    assert len(h.outputs["a"]) == 1 and len(h.outputs["b"]) == 1
 
 
 def test_a_tiny_pool_forces_retraction_and_every_request_completes(make_harness):
