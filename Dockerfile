@@ -22,7 +22,7 @@ ARG CPU_IMAGE=ubuntu:24.04
 ARG DEVICE=cuda
 
 # ---------------------------------------------------------------------------------------
-# The sluice wheel (runtime/ and operator/ mapped onto the `sluice` namespace by setup.py).
+# The sluice wheel (runtime/src and operator/src mapped onto the `sluice` namespace by setup.py).
 FROM ${PYTHON_IMAGE} AS wheel
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src

@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PIP    := $(VENV)/bin/pip
+PIP    := $(PY) -m pip
 # CPU build of torch (a file of exactly this version is on the dev/CI machines' disk)
 TORCH  ?= torch==2.13.0
 HOST   ?= 127.0.0.1
@@ -35,7 +35,7 @@ test: model
 
 lint: setup
 	$(VENV)/bin/ruff check runtime operator tests benchmarks e2e
-	$(VENV)/bin/mypy runtime/scheduler runtime/memory runtime/metrics
+	$(VENV)/bin/mypy runtime/src/sluice/runtime/scheduler runtime/src/sluice/runtime/memory runtime/src/sluice/runtime/metrics
 
 # copy the CRD, the monitoring assets and the RBAC table into the chart (tests check they match)
 chart-sync: setup

@@ -8,7 +8,7 @@
 #   monitoring/prometheus/alerts.yaml          -> charts/sluice/files/prometheus/
 #   monitoring/prometheus-adapter/rules.yaml   -> charts/sluice/files/prometheus-adapter/
 #   the same rules as prometheus-adapter chart values -> charts/sluice/files/prometheus-adapter-values.yaml
-#   operator/rbac.py (REQUIRED_PERMISSIONS)    -> charts/sluice/files/operator-rbac.yaml
+#   operator/src/sluice/operator/rbac.py (REQUIRED_PERMISSIONS)    -> charts/sluice/files/operator-rbac.yaml
 #
 # Usage: scripts/sync_chart_assets.sh            (PYTHON defaults to .venv/bin/python)
 set -euo pipefail
@@ -66,7 +66,7 @@ import sys
 
 import yaml
 
-spec = importlib.util.spec_from_file_location("sluice_operator_rbac", "operator/rbac.py")
+spec = importlib.util.spec_from_file_location("sluice_operator_rbac", "operator/src/sluice/operator/rbac.py")
 rbac = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = rbac  # dataclasses look their module up while building the class
 spec.loader.exec_module(rbac)
@@ -83,7 +83,7 @@ permissions = [
 ]
 header = (
     "# Every Kubernetes API permission the operator uses, generated from\n"
-    "# operator/rbac.py (REQUIRED_PERMISSIONS) by scripts/sync_chart_assets.sh: do not edit.\n"
+    "# operator/src/sluice/operator/rbac.py (REQUIRED_PERMISSIONS) by scripts/sync_chart_assets.sh: do not edit.\n"
     "# templates/rbac.yaml builds the ClusterRole/Roles from it (see _helpers.tpl,\n"
     "# sluice.permissionWanted, for which settings turn each `when` on).\n"
 )
