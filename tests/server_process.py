@@ -20,6 +20,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks`
 from benchmarks.serving.server import launched_server, serve_command  # noqa: E402
+from sluice.runtime.scheduler.hold_gate import ARM, ENV_HOLD_DIR, HELD  # noqa: E402
 
 START_TIMEOUT_S = 300
 
@@ -62,11 +63,58 @@ class RunningServer:
             time.sleep(0.25)
 
 
+@dataclass(frozen=True)
+class Hold:
+    """The test side of the scheduler's hold gate (`sluice.runtime.scheduler.hold_gate`):
+    freeze the live scheduler once a request has `n` output tokens, look, then release."""
+
+    folder: Path
+
+    def arm(self, n: int) -> None:
+        (self.folder / ARM).write_text(str(n))
+
+    def wait_held(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not (self.folder / HELD).exists():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the scheduler did not reach the armed hold in {timeout}s")
+            time.sleep(0.01)
+
+    def release(self) -> None:
+        (self.folder / HELD).unlink()
+
+    def disarm(self) -> None:
+        """Release a hold if one is in effect, and cancel one still armed."""
+        for name in (HELD, ARM):
+            (self.folder / name).unlink(missing_ok=True)
+
+
+def hold_env(folder: Path) -> tuple[Hold, dict[str, str]]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return Hold(folder), {ENV_HOLD_DIR: str(folder)}
+
+
+def wait_for(check: Any, timeout: float = 30.0, every: float = 0.05) -> Any:
+    """`check()`'s first truthy result, polling until `timeout` (then AssertionError)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition still {result!r} after {timeout}s")
+        time.sleep(every)
+
+
 @contextmanager
-def serve(model: Path | str, log: Path, *extra: str, api_key: str = "") -> Iterator[RunningServer]:
+def serve(
+    model: Path | str, log: Path, *extra: str, api_key: str = "", env: dict[str, str] | None = None
+) -> Iterator[RunningServer]:
     url = f"http://127.0.0.1:{free_port()}"
     flags = [*extra, "--device", "cpu", *(["--api-key", api_key] if api_key else [])]
     command = serve_command(str(model), url, shlex.join(flags))
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with launched_server(command, url, START_TIMEOUT_S, grace_s=30, log_path=log) as server:
+    with launched_server(
+        command, url, START_TIMEOUT_S, grace_s=30, log_path=log, env=env
+    ) as server:
         yield RunningServer(url, server.process, log, headers)

@@ -50,8 +50,15 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_a_bare_interpreter_in_the_root_imports_the_real_operator_module(bare_python: Path):
     done = subprocess.run(
-        [str(bare_python), "-c", "import collections, operator; print(operator.itemgetter(0)([7]))"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        [
+            str(bare_python),
+            "-c",
+            "import collections, operator; print(operator.itemgetter(0)([7]))",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "7"
@@ -61,7 +68,10 @@ def test_a_bare_interpreter_in_the_root_imports_the_real_operator_module(bare_py
 def test_pip_runs_as_a_module_from_the_root(bare_python: Path):
     done = subprocess.run(
         [str(bare_python), "-m", "pip", "--version"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("pip ")

@@ -104,9 +104,11 @@ def launched_server(
     timeout_s: float,
     grace_s: float = 60.0,
     log_path: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[LaunchedServer]:
     """Runs `command` (see `serve_command`) until the block ends; yields once /health is 200.
-    The server's output goes to `log_path` (default: a new temporary file)."""
+    The server's output goes to `log_path` (default: a new temporary file); `env` adds to
+    (or overrides) this process's environment."""
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="sluice-bench-server-", suffix=".log")
         os.close(fd)
@@ -114,7 +116,11 @@ def launched_server(
     print(f"launching: {shlex.join(command)}\nserver log: {log_path}", flush=True)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **env} if env else None,
         )
     server = LaunchedServer(proc, log_path)
     try:

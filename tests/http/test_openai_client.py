@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ pytest.importorskip(
 openai = pytest.importorskip("openai")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tiny_model.py
-from server_process import RunningServer, serve  # noqa: E402
+from server_process import Hold, RunningServer, hold_env, serve, wait_for  # noqa: E402
 from tiny_model import make_tiny_llama  # noqa: E402
 
 API_KEY = "sk-test-sluice"
@@ -40,6 +39,7 @@ NO_EOS = {"extra_body": {"ignore_eos": True}}
 class Server:
     srv: RunningServer
     tokenizer: Any
+    hold: Hold
 
     @property
     def url(self) -> str:
@@ -62,8 +62,9 @@ def server(tmp_path_factory) -> Server:
     folder = tmp_path_factory.mktemp("openai-client")
     model = make_tiny_llama(folder / MODEL, max_position_embeddings=CONTEXT)
     extra = ("--max-total-tokens", "4096", "--max-running-requests", "16")
-    with serve(model, folder / "server.log", *extra, api_key=API_KEY) as srv:
-        yield Server(srv, AutoTokenizer.from_pretrained(model))
+    hold, env = hold_env(folder / "hold")
+    with serve(model, folder / "server.log", *extra, api_key=API_KEY, env=env) as srv:
+        yield Server(srv, AutoTokenizer.from_pretrained(model), hold)
 
 
 @pytest.fixture
@@ -220,20 +221,18 @@ def test_concurrent_requests_all_complete_with_their_own_counts(server):
 
 
 def test_a_client_leaving_mid_stream_aborts_its_request(server, client):
-    stream = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=CONTEXT - 64, stream=True, **NO_EOS
-    )
-    received = 0
-    for chunk in stream:
-        received += bool(chunk.choices and chunk.choices[0].delta.content)
-        if received >= 3:
-            break
-    stream.close()
+    server.hold.arm(16)  # the request cannot finish before the client leaves
+    try:
+        stream = client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=CONTEXT - 64, stream=True, **NO_EOS
+        )
+        next(chunk for chunk in stream if chunk.choices)
+        server.hold.wait_held()  # frozen at 16 tokens: the request is still running
+        stream.close()
+    finally:
+        server.hold.disarm()
     # the autouse check then proves the slot and KV pages came back; the log says why
-    deadline = time.monotonic() + 15
-    while "reason=client-gone" not in server.srv.log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, server.log_tail()
-        time.sleep(0.2)
+    wait_for(lambda: "reason=client-gone" in server.srv.log.read_text(errors="replace"), 15)
 
 
 # --- bad input: a 4xx in OpenAI's shape, and no state touched ---------------------------------

@@ -6,11 +6,10 @@ import os
 import signal
 import subprocess
 import threading
-import time
 
 import httpx
 import pytest
-from server_process import serve
+from server_process import hold_env, serve, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,26 +39,27 @@ def test_a_dead_scheduler_takes_the_server_down_with_a_clear_log_line(tiny_llama
 def test_sigterm_drains_running_requests_and_turns_health_to_503(tiny_llama_path, tmp_path):
     body = {"model": "x", "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True,
             "temperature": 0, "stream": True}  # fmt: skip
-    with serve(tiny_llama_path, tmp_path / "server.log", "--drain-timeout", "60") as srv:
+    hold, env = hold_env(tmp_path / "hold")
+    with serve(tiny_llama_path, tmp_path / "server.log", "--drain-timeout", "60", env=env) as srv:
         body["model"] = httpx.get(f"{srv.url}/v1/models").json()["data"][0]["id"]
         chunks: list[str] = []
-        started = threading.Event()
+        hold.arm(3)  # the scheduler freezes once the request has 3 tokens: it stays running
 
         def stream() -> None:
             with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=120) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         chunks.append(line)
-                        started.set()
 
         reader = threading.Thread(target=stream)
         reader.start()
-        assert started.wait(60)
+        hold.wait_held()
         srv.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        assert httpx.get(f"{srv.url}/health", timeout=5).status_code == 503
+        wait_for(lambda: httpx.get(f"{srv.url}/health", timeout=5).status_code == 503)
         late = httpx.post(f"{srv.url}/v1/completions", json={**body, "stream": False}, timeout=10)
         assert late.status_code == 503
+        assert srv.proc.poll() is None  # still draining: the request is running
+        hold.release()
         reader.join(120)
         assert chunks[-1] == "data: [DONE]"
         assert any('"finish_reason":"length"' in c for c in chunks)

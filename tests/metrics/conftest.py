@@ -2,10 +2,10 @@
 
 The runtime serves a tiny random Llama with a 1024-token KV pool and 4 request slots, so a
 handful of requests fills the batch, queues, and (with ignore_eos and outputs of a few
-hundred tokens) forces retractions. The pool is not smaller so that each of those states
-lasts a few hundred decode steps: long enough to be seen by scraping however fast the
-machine is. `--init-new-token-ratio 0.05` lets the scheduler admit requests whose
-combined outputs will not fit, which is what makes it retract later.
+hundred tokens) forces retractions. `--init-new-token-ratio 0.05` lets the scheduler admit
+requests whose combined outputs will not fit, which is what makes it retract later. Tests
+that must see a state (four running, one queued) freeze the scheduler in it with the hold
+gate (`runtime.hold`), so what they observe does not depend on the machine's speed.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ for path in (TESTS, REPO):  # tests/tiny_model.py; benchmarks.serving (its serve
         sys.path.insert(0, str(path))
 
 from metrics_testkit import KV_POOL_TOKENS, MODEL, REQUEST_SLOTS, generate  # noqa: E402
-from server_process import free_port  # noqa: E402
+from server_process import Hold, free_port, hold_env  # noqa: E402
 from tiny_model import make_tiny_llama  # noqa: E402
 
 from benchmarks.serving.server import launched_server, serve_command  # noqa: E402
@@ -43,6 +43,7 @@ class Runtime:
     url: str
     port: int
     log: Path
+    hold: Hold
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -56,9 +57,10 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Runtime:
     url = f"http://127.0.0.1:{port}"
     log = folder / "server.log"
     command = serve_command(str(model), url, SERVER_ARGS)
-    with launched_server(command, url, START_TIMEOUT_S, grace_s=30, log_path=log):
+    hold, env = hold_env(folder / "hold")
+    with launched_server(command, url, START_TIMEOUT_S, grace_s=30, log_path=log, env=env):
         generate(url, [1, 2, 3], max_new_tokens=2)  # first-request work out of the measured runs
-        yield Runtime(url, port, log)
+        yield Runtime(url, port, log, hold)
 
 
 @pytest.fixture(scope="session")

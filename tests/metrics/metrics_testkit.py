@@ -193,6 +193,28 @@ async def _run_load(
     return LoadRun(responses, scrapes)
 
 
+def load_held_at(
+    runtime: Any, requests: list[dict[str, Any]], output_tokens: int, record: list | None = None
+) -> tuple[Scrape, LoadRun]:
+    """Send `requests` at once (as `run_load`), freeze the scheduler once one of them has
+    `output_tokens` tokens, scrape /metrics while it is frozen, let it go on, and return that
+    scrape and the finished run."""
+    outcome: list[LoadRun] = []
+    runtime.hold.arm(output_tokens)
+    sender = threading.Thread(
+        target=lambda: outcome.append(run_load(runtime.url, requests, record=record))
+    )
+    sender.start()
+    try:
+        runtime.hold.wait_held()
+        held = scrape(runtime.url)
+    finally:
+        runtime.hold.disarm()
+        sender.join(120)
+    (run,) = outcome
+    return held, run
+
+
 class BackgroundLoad:
     """Keeps `concurrency` requests in flight until stopped (for Prometheus to scrape)."""
 

@@ -3,8 +3,9 @@
 way the scheduler does while it serves.
 
 Requests go through the native /generate with token ids, greedy, ignore_eos, so their
-lengths are exact. /metrics is scraped every 20 ms while they run; the scheduler
-publishes its stats on every change that matters, so the scrapes see each state.
+lengths are exact. A state a test must see is observed with the scheduler frozen in it
+(`load_held_at`: the hold gate), never by hoping a scrape lands while it lasts; /metrics is
+also scraped every 20 ms while the requests run, for the checks that hold at every scrape.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from metrics_testkit import (
     eventually,
     family_name,
     generate,
+    load_held_at,
     run_load,
     scrape,
 )
@@ -68,39 +70,40 @@ def test_server_info_and_the_startup_log_give_the_pool_size(runtime):
 
 def test_running_equals_the_batch_and_kv_usage_rises_and_falls_back(runtime, scrape_history):
     # 3 x (5 + 320) tokens fit the pool: all three run together, none waits
-    run = run_load(runtime.url, [request(i, 320) for i in range(3)], record=scrape_history)
-    timeline = run.timeline(Q, RUN, KV)
-    assert max(run.series(RUN)) == 3, timeline
-    assert max(run.series(Q)) == 0, timeline
-    assert max(run.series(KV)) >= 0.5, timeline  # 3 x 325 / 1024 = 0.95 at the end
+    held, run = load_held_at(runtime, [request(i, 320) for i in range(3)], 200, scrape_history)
+    # frozen at 200 output tokens: 3 x ~205 of 1024 slots in use
+    assert (held.value(RUN), held.value(Q)) == (3, 0)
+    assert held.value(KV) >= 0.5
+    assert max(run.series(Q)) == 0, run.timeline(Q, RUN, KV)
     assert [r["meta_info"]["completion_tokens"] for r in run.responses] == [320] * 3
     eventually(lambda: scrape(runtime.url).value(KV) == 0)
 
 
 def test_queue_is_non_zero_while_requests_wait_for_a_slot(runtime, scrape_history):
     # 6 requests, 4 slots; 4 x (5 + 240) tokens fit the pool, so nothing is retracted
-    run = run_load(runtime.url, [request(i, 240) for i in range(6)], record=scrape_history)
+    held, run = load_held_at(runtime, [request(i, 240) for i in range(6)], 100, scrape_history)
+    assert (held.value(RUN), held.value(Q)) == (REQUEST_SLOTS, 2)
     timeline = run.timeline(Q, RUN, KV)
-    pairs = list(zip(run.series(Q), run.series(RUN), strict=True))
-    assert max(r for _, r in pairs) == REQUEST_SLOTS, timeline
-    assert any(q > 0 and r == REQUEST_SLOTS for q, r in pairs), timeline
-    assert max(q for q, _ in pairs) <= 6 - 1, timeline
+    assert max(run.series(RUN)) <= REQUEST_SLOTS, timeline
+    assert max(run.series(Q)) <= 6 - 1, timeline
     assert run.scrapes[-1].value(C.METRIC_RETRACTIONS_TOTAL) == run.scrapes[0].value(
         C.METRIC_RETRACTIONS_TOTAL
     )
+    assert [r["meta_info"]["completion_tokens"] for r in run.responses] == [240] * 6
 
 
 def test_retractions_increase_when_the_pool_runs_out(runtime, scrape_history):
     # 4 x (5 + 400) = 1620 tokens of outputs against a 1024-token pool
     before = scrape(runtime.url)
-    run = run_load(runtime.url, [request(i, 400) for i in range(4)], record=scrape_history)
-    after = eventually(lambda: scrape(runtime.url))
+    held, run = load_held_at(runtime, [request(i, 400) for i in range(4)], 240, scrape_history)
+    # frozen at 240 output tokens, before the pool runs out: 4 x ~245 of 1024 slots
+    assert held.value(KV) > 0.9 and held.value(RUN) == 4
+    assert held.value(C.METRIC_GENERATION_THROUGHPUT) > 0
+    after = scrape(runtime.url)
     assert after.value(C.METRIC_RETRACTIONS_TOTAL) > before.value(C.METRIC_RETRACTIONS_TOTAL)
     assert after.value(C.METRIC_RETRACTED_TOKENS_TOTAL) > before.value(
         C.METRIC_RETRACTED_TOKENS_TOTAL
     )
-    assert max(run.series(KV)) > 0.9, run.timeline(Q, RUN, KV)
-    assert max(run.series(C.METRIC_GENERATION_THROUGHPUT)) > 0
     assert [r["meta_info"]["completion_tokens"] for r in run.responses] == [400] * 4
 
 

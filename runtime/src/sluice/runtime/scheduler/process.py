@@ -25,6 +25,7 @@ from sluice.runtime.ipc.sockets import (
     recv_all_nowait,
     send,
 )
+from sluice.runtime.scheduler.hold_gate import HoldGate
 from sluice.runtime.scheduler.policy import PolicyConfig
 from sluice.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from sluice.runtime.server_args import ServerArgs
@@ -62,8 +63,12 @@ def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
     )
 
 
-def run_scheduler_process(args: ServerArgs, model_path: str, port_args: PortArgs, ready: Connection) -> None:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+def run_scheduler_process(
+    args: ServerArgs, model_path: str, port_args: PortArgs, ready: Connection
+) -> None:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     parent = os.getppid()
     try:
@@ -76,11 +81,21 @@ def run_scheduler_process(args: ServerArgs, model_path: str, port_args: PortArgs
         ready.close()
         logger.info(
             "scheduler ready: KV pool %d tokens (%d pages of %d), %d request slots, context %d",
-            worker.max_total_tokens, worker.cache.allocator.num_pages, args.page_size,
-            args.max_running_requests, worker.context_len,
+            worker.max_total_tokens,
+            worker.cache.allocator.num_pages,
+            args.page_size,
+            args.max_running_requests,
+            worker.context_len,
         )
-        serve_forever(scheduler, inbox, outbox, parent, not args.disable_overlap_schedule,
-                      args.log_tick_timing)
+        serve_forever(
+            scheduler,
+            inbox,
+            outbox,
+            parent,
+            not args.disable_overlap_schedule,
+            args.log_tick_timing,
+            HoldGate.from_env(),
+        )
     except Exception:
         logger.error("scheduler process crashed:\n%s", traceback.format_exc())
         try:
@@ -97,6 +112,7 @@ def serve_forever(
     parent: int,
     overlap: bool = False,
     timing_interval_s: float = 0.0,
+    hold_gate: HoldGate | None = None,
 ) -> None:
     publisher = StatsPublisher()
     step = scheduler.step_overlap if overlap else scheduler.step
@@ -124,6 +140,12 @@ def serve_forever(
         stats = publisher.poll(scheduler, time.monotonic())
         if stats is not None:
             send(outbox, stats)
+        if hold_gate is not None:
+            longest = max((len(r.output_ids) for r in scheduler.live_requests()), default=0)
+            hold_gate.hold_if_reached(
+                longest,
+                lambda: send(outbox, publisher.poll(scheduler, time.monotonic(), force=True)),
+            )
 
 
 @dataclass
@@ -157,7 +179,7 @@ class StatsPublisher:
     last_at: float | None = None
     last_key: tuple[int, int, int, int] | None = None
 
-    def poll(self, scheduler: Scheduler, now: float) -> SchedulerStats | None:
+    def poll(self, scheduler: Scheduler, now: float, force: bool = False) -> SchedulerStats | None:
         stats = scheduler.stats()
         key = (
             stats.queue_requests,
@@ -167,7 +189,7 @@ class StatsPublisher:
         )
         queue_times = scheduler.take_queue_times()
         due = self.last_at is None or now - self.last_at >= STATS_INTERVAL_S
-        if not (due or queue_times or key != self.last_key):
+        if not (force or due or queue_times or key != self.last_key):
             return None
         stats.queue_times = queue_times
         generated = scheduler.counters.generated_tokens
