@@ -20,7 +20,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks`
 from benchmarks.serving.server import launched_server, serve_command  # noqa: E402
-from sluice.runtime.scheduler.hold_gate import ARM, ENV_HOLD_DIR, HELD  # noqa: E402
+from sluice.runtime.scheduler.hold_gate import ARM, ENV_HOLD_DIR, HELD, PAUSE  # noqa: E402
 
 START_TIMEOUT_S = 300
 
@@ -70,8 +70,9 @@ class Hold:
 
     folder: Path
 
-    def arm(self, n: int) -> None:
-        (self.folder / ARM).write_text(str(n))
+    def arm(self, tokens: int, requests: int = 1) -> None:
+        """Freeze once `requests` live requests have `tokens` output tokens each."""
+        (self.folder / ARM).write_text(f"{tokens} {requests}")
 
     def wait_held(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -83,9 +84,16 @@ class Hold:
     def release(self) -> None:
         (self.folder / HELD).unlink()
 
+    def pause(self) -> None:
+        """Stop running ticks (requests are still taken in and stats published)."""
+        (self.folder / PAUSE).touch()
+
+    def resume(self) -> None:
+        (self.folder / PAUSE).unlink(missing_ok=True)
+
     def disarm(self) -> None:
-        """Release a hold if one is in effect, and cancel one still armed."""
-        for name in (HELD, ARM):
+        """Resume, release a hold if one is in effect, and cancel one still armed."""
+        for name in (PAUSE, HELD, ARM):
             (self.folder / name).unlink(missing_ok=True)
 
 

@@ -9,11 +9,13 @@ import zmq
 
 from sluice.runtime.detokenizer.process import DetokenizerManager, run_detokenizer_process
 from sluice.runtime.ipc.messages import (
-    AbortReq,
     BatchStrOut,
     BatchTokenIDOut,
+    DetokenizeParams,
     FinishReason,
     SchedulerStats,
+    StopReq,
+    TokenUpdate,
 )
 from sluice.runtime.ipc.sockets import PortArgs, pull_socket, push_socket, recv, send
 
@@ -21,16 +23,15 @@ from sluice.runtime.ipc.sockets import PortArgs, pull_socket, push_socket, recv,
 def batch(rows):
     """rows: (rid, ids, finished, stop_strings)"""
     return BatchTokenIDOut(
-        rids=[r[0] for r in rows],
-        new_token_ids=[r[1] for r in rows],
-        finished=[r[2] for r in rows],
-        prompt_tokens=[5] * len(rows),
-        completion_tokens=[len(r[1]) for r in rows],
-        cached_tokens=[0] * len(rows),
-        logprobs=[[] for _ in rows],
-        skip_special_tokens=[True] * len(rows),
-        stop_strings=[r[3] for r in rows],
+        [
+            TokenUpdate(rid, ids, [], finished, 5, len(ids), 0, DetokenizeParams(True, stops))
+            for rid, ids, finished, stops in rows
+        ]
     )
+
+
+def texts(out):
+    return [u.text for u in out.updates]
 
 
 def enc(tokenizer, text):
@@ -42,9 +43,9 @@ def test_each_request_gets_its_own_text(tokenizer):
     a, b = enc(tokenizer, "alpha beta"), enc(tokenizer, "gamma delta")
     out, aborts = m.handle(batch([("a", a, None, []), ("b", b[:1], None, [])]))
     out2, _ = m.handle(batch([("b", b[1:], FinishReason("length"), [])]))
-    assert out.rids == ["a", "b"] and out.text_deltas[0] == "alpha beta"
-    assert out.text_deltas[1] + out2.text_deltas[0] == "gamma delta"
-    assert out2.finished == [FinishReason("length")]
+    assert [u.rid for u in out.updates] == ["a", "b"] and texts(out)[0] == "alpha beta"
+    assert texts(out)[1] + texts(out2)[0] == "gamma delta"
+    assert [u.finished for u in out2.updates] == [FinishReason("length")]
     assert aborts == [] and "b" not in m.states
 
 
@@ -54,22 +55,27 @@ def test_finished_requests_are_forgotten(tokenizer):
     assert m.states == {}
 
 
-def test_a_stop_string_seen_first_here_finishes_and_aborts_the_request(tokenizer):
+def test_a_stop_string_seen_first_here_finishes_and_stops_the_request(tokenizer):
     m = DetokenizerManager(tokenizer)
-    out, aborts = m.handle(batch([("a", enc(tokenizer, "Hello, world! more"), None, ["!"])]))
-    assert out.text_deltas == ["Hello, world"]
-    assert out.finished == [FinishReason("stop", matched_str="!")]
-    assert aborts == ["a"]
+    ids = enc(tokenizer, "Hello, world! more")
+    out, stops = m.handle(batch([("a", ids, None, ["!"])]))
+    (u,) = out.updates
+    assert u.text == "Hello, world"
+    assert u.finished == FinishReason("stop", matched_str="!")
+    assert stops == [StopReq("a", "!")]
+    # the tokens after the one that completed "!" are not part of the output
+    assert tokenizer.decode(u.new_token_ids).endswith("!") and u.new_token_ids == ids[: len(u.new_token_ids)]
+    assert u.completion_tokens == len(u.new_token_ids) < len(ids)
     # the scheduler's updates for the stopped request are dropped, then it is forgotten
-    late, _ = m.handle(batch([("a", enc(tokenizer, " x"), FinishReason("abort"), ["!"])]))
-    assert late.rids == [] and m.stopped == {} and m.states == {}
+    late, _ = m.handle(batch([("a", enc(tokenizer, " x"), FinishReason("stop", matched_str="!"), ["!"])]))
+    assert late.updates == [] and m.stopped == {} and m.states == {}
 
 
 def test_a_stop_string_the_scheduler_also_saw_needs_no_abort(tokenizer):
     m = DetokenizerManager(tokenizer)
     finish = FinishReason("stop", matched_str="!")
-    out, aborts = m.handle(batch([("a", enc(tokenizer, "Hi! x"), finish, ["!"])]))
-    assert out.text_deltas == ["Hi"] and out.finished == [finish] and aborts == []
+    out, stops = m.handle(batch([("a", enc(tokenizer, "Hi! x"), finish, ["!"])]))
+    assert texts(out) == ["Hi"] and [u.finished for u in out.updates] == [finish] and stops == []
 
 
 def test_the_process_detokenizes_passes_stats_through_and_exits_on_sigterm(tmp_path, tokenizer):
@@ -91,8 +97,8 @@ def test_the_process_detokenizes_passes_stats_through_and_exits_on_sigterm(tmp_p
         stats = recv(to_tokenizer, timeout_ms=60_000)
         out = recv(to_tokenizer, timeout_ms=10_000)
         assert stats == SchedulerStats(queue_requests=3)
-        assert isinstance(out, BatchStrOut) and out.text_deltas == ["Paris"]
-        assert recv(to_scheduler, timeout_ms=10_000) == AbortReq("r")
+        assert isinstance(out, BatchStrOut) and texts(out) == ["Paris"]
+        assert recv(to_scheduler, timeout_ms=10_000) == StopReq("r", ".")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0
     finally:

@@ -194,18 +194,26 @@ async def _run_load(
 
 
 def load_held_at(
-    runtime: Any, requests: list[dict[str, Any]], output_tokens: int, record: list | None = None
+    runtime: Any,
+    requests: list[dict[str, Any]],
+    output_tokens: int,
+    running: int,
+    record: list | None = None,
 ) -> tuple[Scrape, LoadRun]:
-    """Send `requests` at once (as `run_load`), freeze the scheduler once one of them has
-    `output_tokens` tokens, scrape /metrics while it is frozen, let it go on, and return that
-    scrape and the finished run."""
+    """Send `requests` at once (as `run_load`), freeze the scheduler once `running` of them
+    have `output_tokens` tokens each, scrape /metrics while it is frozen, let it go on, and
+    return that scrape and the finished run. The scheduler is paused until all the requests
+    are queued, so they are scheduled together however the sends are spread in time."""
     outcome: list[LoadRun] = []
-    runtime.hold.arm(output_tokens)
+    runtime.hold.pause()
+    runtime.hold.arm(output_tokens, running)
     sender = threading.Thread(
         target=lambda: outcome.append(run_load(runtime.url, requests, record=record))
     )
     sender.start()
     try:
+        eventually(lambda: scrape(runtime.url).value(C.METRIC_QUEUE_REQUESTS) == len(requests), 60)
+        runtime.hold.resume()
         runtime.hold.wait_held()
         held = scrape(runtime.url)
     finally:

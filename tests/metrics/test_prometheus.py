@@ -196,12 +196,17 @@ def burst_seen(prometheus, runtime) -> dict[str, float]:
             else None
         )
 
-    runtime.hold.arm(200)  # 4 x ~205 tokens of 1024 in use; the fifth request waits for a slot
+    # frozen once four have 200 tokens each (>= 4 x 205 of 1024 in use; the pool runs out at
+    # 251 each); the fifth request waits for a slot
+    runtime.hold.pause()  # until all five are queued: one admission pass takes them
+    runtime.hold.arm(200, 4)
     sender = threading.Thread(
         target=lambda: run_load(runtime.url, [burst_request(i) for i in range(5)], poll_s=0.2)
     )
     sender.start()
     try:
+        eventually(lambda: _value(prometheus.query(f"sluice_queue_requests{sel}")) == 5, 30)
+        runtime.hold.resume()
         runtime.hold.wait_held()
         seen = eventually(full, timeout=30)
     finally:

@@ -49,11 +49,11 @@ class Harness:
         out = self.scheduler.take_output()
         if out is None:
             return
-        for i, rid in enumerate(out.rids):
-            self.outputs.setdefault(rid, []).extend(out.new_token_ids[i])
-            self.cached[rid] = out.cached_tokens[i]
-            if out.finished[i] is not None:
-                self.finished[rid] = out.finished[i]
+        for u in out.updates:
+            self.outputs.setdefault(u.rid, []).extend(u.new_token_ids)
+            self.cached[u.rid] = u.cached_tokens
+            if u.finished is not None:
+                self.finished[u.rid] = u.finished
 
     def run_until_idle(self, max_ticks: int = 10_000) -> None:
         for _ in range(max_ticks):
@@ -65,7 +65,7 @@ class Harness:
         """No request holds anything; every page is free or (evictably) cached."""
         cache = self.scheduler.cache
         assert not self.scheduler.live_requests()
-        assert cache.req_pool.available_size == cache.req_pool.size
+        assert cache.rows.available_size == cache.rows.size
         assert cache.available_size == cache.total_tokens
         self.scheduler.check_integrity()
 

@@ -8,8 +8,9 @@ EXTEND, DECODE = ForwardMode.EXTEND, ForwardMode.DECODE
 
 
 def test_abc_walkthrough_matches_the_seed_table(make_harness):
-    # two request slots; A, B, C need 2 / 5 / 2 tokens; C arrives after round 0
-    h = make_harness(max_running_requests=2)
+    # two request slots; A, B, C need 2 / 5 / 2 tokens; C arrives after round 0; prefill
+    # ticks run alone (mini-sglang's loop, the seed's table)
+    h = make_harness(max_running_requests=2, disable_mixed_chunk=True)
     h.submit("A", [5, 6, 7], max_new_tokens=2, ignore_eos=True)
     h.submit("B", [8, 9, 10, 11], max_new_tokens=5, ignore_eos=True)
 
@@ -41,6 +42,26 @@ def test_abc_walkthrough_matches_the_seed_table(make_harness):
     ]
     assert {k: len(v) for k, v in h.outputs.items()} == {"A": 2, "B": 5, "C": 2}
     assert h.step() is None
+    h.assert_all_free()
+
+
+def test_abc_with_mixed_chunks_decodes_b_while_c_is_prefilled(make_harness):
+    # the same walk-through, mixed (the default): B never pauses, so it finishes a round early
+    h = make_harness(max_running_requests=2)
+    h.submit("A", [5, 6, 7], max_new_tokens=2, ignore_eos=True)
+    h.submit("B", [8, 9, 10, 11], max_new_tokens=5, ignore_eos=True)
+    rounds = [h.step()]
+    h.submit("C", [12, 13], max_new_tokens=2, ignore_eos=True)
+    while (t := h.step()) is not None:
+        rounds.append(t)
+    assert [(t.mode, t.rids, t.num_decode) for t in rounds] == [
+        (EXTEND, ["A", "B"], 0),
+        (DECODE, ["A", "B"], 2),
+        (EXTEND, ["B", "C"], 1),  # B's decode and C's prefill in one forward
+        (DECODE, ["B", "C"], 2),
+        (DECODE, ["B"], 1),
+    ]
+    assert {k: len(v) for k, v in h.outputs.items()} == {"A": 2, "B": 5, "C": 2}
     h.assert_all_free()
 
 
@@ -89,7 +110,7 @@ def test_abort_returns_every_page_in_each_state(make_harness):
     h.step()
     h.submit("chunked", list(range(5, 40)), max_new_tokens=50, ignore_eos=True)
     h.step()  # first chunk of "chunked"
-    assert h.scheduler.chunked_req is not None
+    assert h.scheduler.prefill.chunked is not None
     h.submit("waiting", list(range(5, 12)), max_new_tokens=5, ignore_eos=True)
     for rid in ("waiting", "chunked", "running"):
         h.abort(rid)

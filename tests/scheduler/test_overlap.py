@@ -11,7 +11,7 @@ def run(make_harness, overlap: bool, submit, **args):
     h = make_harness(enable_deterministic_inference=True, disable_overlap_schedule=not overlap, **args)
     submit(h)
     h.run_until_idle()
-    assert not h.scheduler._deferred
+    assert not h.scheduler.inflight.deferred
     return h
 
 

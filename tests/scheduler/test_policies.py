@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from sluice.runtime.ipc.messages import SamplingParams
+from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.radix_cache import RadixCache
+from sluice.runtime.memory.request_slots import RequestSlots
+from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.policy import PolicyConfig, order_waiting
 from sluice.runtime.scheduler.request import Req
 
@@ -12,13 +15,13 @@ def req(rid: str, ids: list[int], max_new: int = 16) -> Req:
     return Req(rid=rid, input_ids=ids, sampling=SamplingParams(max_new_tokens=max_new))
 
 
-def cache_with(*prompts: list[int]) -> RadixCache:
-    cache = RadixCache(1, lambda pages: None)
+def cache_with(*prompts: list[int]) -> KVCacheManager:
+    radix = RadixCache(1, lambda pages: None)
     next_page = 1
     for p in prompts:
-        cache.insert(p, list(range(next_page, next_page + len(p))))
+        radix.insert(p, list(range(next_page, next_page + len(p))))
         next_page += len(p)
-    return cache
+    return KVCacheManager(TokenToKVPoolAllocator(1024, 1), RequestSlots(4, 256), radix)
 
 
 def rids(reqs: list[Req]) -> list[str]:
@@ -73,3 +76,34 @@ def test_cache_aware_policies_fall_back_to_fcfs_on_a_long_queue():
     cache = cache_with(list(range(100, 150)))
     q = [req(str(i), [7] * 5) for i in range(129)] + [req("hit", list(range(100, 150)) + [1])]
     assert rids(order_waiting(q, PolicyConfig("lpm"), cache, 0)) == rids(q)
+
+
+def test_cache_aware_ordering_changes_nothing_in_the_cache():
+    cached = list(range(100, 150))
+    cache = cache_with(cached)
+    radix = cache.prefix
+    before = [(n.last_access, len(n.key)) for n in radix._nodes()]
+    q = [req("half", cached[:25] + [1] * 30), req("full", cached + [2])]
+    for policy in ("lpm", "dfs-weight"):
+        order_waiting(q, PolicyConfig(policy), cache, 0)
+    assert [(n.last_access, len(n.key)) for n in radix._nodes()] == before  # no split, no LRU touch
+
+
+def test_retracted_requests_stay_at_the_head_under_every_policy():
+    cache = cache_with(list(range(100, 150)))
+    back = req("retracted", [9] * 40, max_new=1)
+    back.retractions = 1
+    q = [back, req("hit", list(range(100, 150)) + [1], max_new=64), req("other", [3] * 8, max_new=32)]
+    for policy in ("fcfs", "lof", "random", "lpm", "dfs-weight"):
+        assert rids(order_waiting(q, PolicyConfig(policy), cache, 0))[0] == "retracted", policy
+
+
+def test_lpm_cannot_starve_a_request_that_matches_nothing():
+    cached = list(range(100, 150))
+    cache = cache_with(cached)
+    loner = req("loner", [7] * 60)
+    loner.enqueued_tick = 0
+    hits = [req(f"hit{i}", cached + [i]) for i in range(3)]
+    config = PolicyConfig("lpm", starvation_passes=10)
+    assert rids(order_waiting([loner, *hits], config, cache, 9))[-1] == "loner"
+    assert rids(order_waiting([loner, *hits], config, cache, 10))[0] == "loner"

@@ -26,7 +26,7 @@ def test_only_one_request_is_chunked_at_a_time(make_harness):
     h = make_harness(chunked_prefill_size=16, max_prefill_tokens=16)
     h.submit("a", [7] * 40, max_new_tokens=1, ignore_eos=True)
     h.submit("b", [8] * 40, max_new_tokens=1, ignore_eos=True)
-    seen = [(h.step().rids, h.scheduler.chunked_req) for _ in range(3)]
+    seen = [(h.step().rids, h.scheduler.prefill.chunked) for _ in range(3)]
     # a: 16 + 16 + its last 8; b starts in the third tick's leftover 8 tokens, and only once
     # a is no longer being chunked
     assert [rids for rids, _ in seen] == [["a"], ["a"], ["a", "b"]]

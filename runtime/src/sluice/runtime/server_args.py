@@ -60,6 +60,14 @@ class ServerArgs:
     in_batch_prefix_deprioritize_threshold: int = option(
         32, "lpm: a request sharing at least this many tokens with an earlier one waits a tick."
     )
+    disable_mixed_chunk: bool = option(
+        False, "Do not mix decodes into prefill batches: prefill ticks run alone, and running "
+        "requests wait up to --max-prefill-streak ticks for their next token.",
+    )
+    max_prefill_streak: int = option(
+        4, "Without mixed chunks: prefill-only ticks in a row before the running requests get "
+        "a decode tick (a running request gets a token at least every N+1 ticks).",
+    )
     disable_overlap_schedule: bool = option(
         False, "Use the normal loop: process each batch's result before scheduling the next.",
     )
@@ -75,7 +83,10 @@ class ServerArgs:
     )
     attention_backend: str = option("auto", "Attention implementation.", C.ATTENTION_BACKENDS)
     api_key: str = option("", f"Require this bearer token on the API (also ${C.ENV_API_KEY}).")
-    random_seed: int = option(0, "Seed for requests that give none.")
+    random_seed: int = option(
+        -1, "Seed of the seeds drawn for requests that give none (-1: fresh randomness at each "
+        "start, so restarts do not repeat samples)."
+    )
     disable_warmup: bool = option(False, "Skip the warm-up generation before /health turns 200.")
     log_level: str = option("info", "Log level.", ("debug", "info", "warning", "error"))
     model_cache_dir: str = option("", "Where converted models are cached (default ~/.cache/sluice).")
@@ -105,6 +116,8 @@ class ServerArgs:
             problems.append("--max-running-requests must be >= 1")
         if self.max_prefill_tokens < 1:
             problems.append("--max-prefill-tokens must be >= 1")
+        if self.max_prefill_streak < 0:
+            problems.append("--max-prefill-streak must be >= 0")
         if self.max_total_tokens < 0:
             problems.append("--max-total-tokens must be >= 0")
         if not 0.0 < self.mem_fraction_static < 1.0:

@@ -53,6 +53,9 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = 0
         self.matched_stop: str | None = None
+        # of the ids fed in the call that found a stop string, how many led up to it (the
+        # rest are not part of the output)
+        self.ids_before_stop: int | None = None
         self.finished = False
 
     @property
@@ -86,6 +89,7 @@ class IncrementalDetokenizer:
                 cut = (idx, matched_stop)
         if cut is not None:
             idx, stop = cut
+            self.ids_before_stop = self._ids_up_to(len(new_ids), idx + len(stop))
             self.text = self.text[:idx]
             self.matched_stop = stop
             self.finished = True
@@ -126,6 +130,15 @@ class IncrementalDetokenizer:
             if idx >= 0 and (best is None or idx < best[0]):
                 best = (idx, stop)
         return best
+
+    def _ids_up_to(self, num_new: int, text_end: int) -> int:
+        """How many of the last `num_new` ids it takes for the text to reach `text_end`
+        characters (the tokens after the one completing a stop string are not output)."""
+        base = len(self.ids) - num_new
+        for j in range(1, num_new):
+            if len(self._decode(self.ids[: base + j])) >= text_end:
+                return j
+        return num_new
 
     def _held_back(self) -> int:
         """Length of the longest unsent suffix of `text` that begins some stop string."""

@@ -7,8 +7,9 @@ message (`SchedulerStats`, `SchedulerReady`, ...) is passed through unchanged, i
 
 When a stop string shows up in the text before the scheduler has finished the request (the
 scheduler checks a short token window and can lag on characters split across tokens), the
-request is reported finished here, an `AbortReq` tells the scheduler to free it, and
-whatever the scheduler still sends for it is dropped.
+request is reported finished here (without the tokens after the one that completed the
+stop string), a `StopReq` tells the scheduler to finish it, and whatever the scheduler
+still sends for it is dropped.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from typing import Any
 import zmq
 
 from sluice.runtime.detokenizer.incremental import IncrementalDetokenizer
-from sluice.runtime.ipc.messages import AbortReq, BatchStrOut, BatchTokenIDOut, FinishReason
+from sluice.runtime.ipc.messages import (
+    BatchStrOut,
+    BatchTokenIDOut,
+    FinishReason,
+    StopReq,
+    TextUpdate,
+)
 from sluice.runtime.ipc.sockets import PortArgs, pull_socket, push_socket, recv, send
 
 logger = logging.getLogger("sluice.detokenizer")
@@ -42,41 +49,44 @@ class DetokenizerManager:
     # rids finished here on a stop string; the scheduler's later updates for them are dropped
     stopped: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
-    def handle(self, batch: BatchTokenIDOut) -> tuple[BatchStrOut, list[str]]:
-        """Detokenize one batch; returns the text out and the rids the scheduler must abort."""
-        out = BatchStrOut([], [], [], [], [], [], [], [])
-        to_abort: list[str] = []
-        for i, rid in enumerate(batch.rids):
-            finish = batch.finished[i]
-            if rid in self.stopped:
+    def handle(self, batch: BatchTokenIDOut) -> tuple[BatchStrOut, list[StopReq]]:
+        """Detokenize one batch; returns the text out and the stops the scheduler must apply."""
+        out = BatchStrOut([])
+        stops: list[StopReq] = []
+        for u in batch.updates:
+            finish = u.finished
+            if u.rid in self.stopped:
                 if finish is not None:
-                    del self.stopped[rid]
+                    del self.stopped[u.rid]
                 continue
-            state = self.states.get(rid)
+            state = self.states.get(u.rid)
             if state is None:
+                params = u.detokenize
                 state = IncrementalDetokenizer(
-                    self.tokenizer, batch.skip_special_tokens[i], batch.stop_strings[i]
+                    self.tokenizer,
+                    params.skip_special_tokens if params else True,
+                    params.stop if params else (),
                 )
-                self.states[rid] = state
+                self.states[u.rid] = state
             scheduler_stop = finish.matched_str if finish is not None else None
-            delta = state.add(batch.new_token_ids[i], finish is not None, scheduler_stop)
+            delta = state.add(u.new_token_ids, finish is not None, scheduler_stop)
+            ids, logprobs, completion = u.new_token_ids, u.logprobs, u.completion_tokens
             if delta.matched_stop is not None and (finish is None or finish.kind != "stop"):
                 # our own match: the request ends here, whatever the scheduler thinks
                 if finish is None:
-                    to_abort.append(rid)
-                    self._remember_stopped(rid)
+                    stops.append(StopReq(u.rid, delta.matched_stop))
+                    self._remember_stopped(u.rid)
                 finish = FinishReason("stop", matched_str=delta.matched_stop)
+                kept = state.ids_before_stop if state.ids_before_stop is not None else len(ids)
+                completion -= len(ids) - kept
+                ids, logprobs = ids[:kept], logprobs[:kept]
             if finish is not None:
-                self.states.pop(rid, None)
-            out.rids.append(rid)
-            out.text_deltas.append(delta.text)
-            out.new_token_ids.append(batch.new_token_ids[i])
-            out.finished.append(finish)
-            out.prompt_tokens.append(batch.prompt_tokens[i])
-            out.completion_tokens.append(batch.completion_tokens[i])
-            out.cached_tokens.append(batch.cached_tokens[i])
-            out.logprobs.append(batch.logprobs[i])
-        return out, to_abort
+                self.states.pop(u.rid, None)
+            out.updates.append(
+                TextUpdate(u.rid, delta.text, ids, logprobs, finish, u.prompt_tokens, completion,
+                           u.cached_tokens)  # fmt: skip
+            )
+        return out, stops
 
     def _remember_stopped(self, rid: str) -> None:
         self.stopped[rid] = None
@@ -116,13 +126,14 @@ def run_detokenizer_process(
             if not isinstance(msg, BatchTokenIDOut):
                 send(to_tokenizer, msg)
                 continue
-            out, to_abort = manager.handle(msg)
-            for rid in to_abort:
+            out, stops = manager.handle(msg)
+            for stop in stops:
                 logger.info(
-                    "request stopped on a stop string before the scheduler saw it rid=%s", rid
+                    "request stopped on a stop string before the scheduler saw it rid=%s",
+                    stop.rid,
                 )
-                send(to_scheduler, AbortReq(rid))
-            if out.rids:
+                send(to_scheduler, stop)
+            if out.updates:
                 send(to_tokenizer, out)
     except Exception:
         logger.exception("detokenizer crashed")

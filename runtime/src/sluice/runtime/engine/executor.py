@@ -1,43 +1,32 @@
-"""How the scheduler runs a batch: now (normal loop) or on a forward thread (overlap loop).
+"""How the scheduler runs a forward: now (normal loop) or on a forward thread (overlap).
 
-The overlap loop launches batch N and processes batch N-1's result while N runs. On the
-CPU the forward runs on one background thread (torch releases the GIL inside its kernels),
-so jobs execute strictly in launch order: a job reads the tokens the previous job sampled
-through the worker's future-token buffer, and writes to KV slots the previous job has
-finished with. Each job's inputs are snapshotted at launch (`ModelWorker.prepare`) and
-referenced by the job until it completes.
+The overlap loop launches batch N and processes batch N-1's result while N runs. Jobs run
+strictly in launch order on one background thread (torch releases the GIL inside its
+kernels), so a job reads the tokens the previous job sampled from the worker's token table
+and writes to KV slots the previous job has finished with. A `ForwardInput` is immutable:
+the scheduler may change its requests while the job runs.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Protocol
 
-from sluice.runtime.engine.model_worker import ForwardJob, ModelWorker
-from sluice.runtime.sampling.sampler import SampleOutput, SamplingRow
-from sluice.runtime.scheduler.batch import ScheduledBatch
-
-
-@dataclass(frozen=True)
-class ForwardResult:
-    output: SampleOutput
-    forward_seconds: float
+from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
+from sluice.runtime.engine.model_worker import ModelWorker
 
 
 class Executor(Protocol):
-    def submit(self, batch: ScheduledBatch, rows: list[SamplingRow]) -> Future[ForwardResult]: ...
+    worker: ModelWorker
+
+    def submit(self, fi: ForwardInput) -> Future[ForwardOutput]: ...
+
+    def wait_idle(self) -> None:
+        """Return once every submitted forward has finished on the device."""
 
     def close(self) -> None: ...
-
-
-def _timed(worker: ModelWorker, job: ForwardJob) -> ForwardResult:
-    start = time.perf_counter()
-    out = worker.run(job)
-    return ForwardResult(out, time.perf_counter() - start)
 
 
 class SyncExecutor:
@@ -46,10 +35,16 @@ class SyncExecutor:
     def __init__(self, worker: ModelWorker) -> None:
         self.worker = worker
 
-    def submit(self, batch: ScheduledBatch, rows: list[SamplingRow]) -> Future[ForwardResult]:
-        fut: Future[ForwardResult] = Future()
-        fut.set_result(_timed(self.worker, self.worker.prepare(batch, rows)))
+    def submit(self, fi: ForwardInput) -> Future[ForwardOutput]:
+        fut: Future[ForwardOutput] = Future()
+        try:
+            fut.set_result(self.worker.run(fi))
+        except Exception as err:  # surfaced by .result(), as on the thread
+            fut.set_exception(err)
         return fut
+
+    def wait_idle(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -60,20 +55,28 @@ class ThreadExecutor:
 
     def __init__(self, worker: ModelWorker) -> None:
         self.worker = worker
-        self._jobs: queue.SimpleQueue[tuple[ForwardJob, Future[ForwardResult]] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[ForwardInput, Future[ForwardOutput]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._last: Future[ForwardOutput] | None = None
         self._thread = threading.Thread(target=self._loop, name="forward", daemon=True)
         self._thread.start()
 
-    def submit(self, batch: ScheduledBatch, rows: list[SamplingRow]) -> Future[ForwardResult]:
-        fut: Future[ForwardResult] = Future()
-        self._jobs.put((self.worker.prepare(batch, rows), fut))
+    def submit(self, fi: ForwardInput) -> Future[ForwardOutput]:
+        fut: Future[ForwardOutput] = Future()
+        self._jobs.put((fi, fut))
+        self._last = fut
         return fut
+
+    def wait_idle(self) -> None:
+        if self._last is not None:
+            self._last.exception()  # waits; an error is surfaced where the result is read
 
     def _loop(self) -> None:
         while (item := self._jobs.get()) is not None:
-            job, fut = item
+            fi, fut = item
             try:
-                fut.set_result(_timed(self.worker, job))
+                fut.set_result(self.worker.run(fi))
             except BaseException as err:  # surfaced on the scheduler thread by .result()
                 fut.set_exception(err)
 

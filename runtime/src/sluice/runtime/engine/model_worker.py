@@ -1,9 +1,21 @@
-"""`ModelWorker`: owns the model, the KV pool and the request table; runs forward + sample."""
+"""`ModelWorker`: owns the model and every device tensor; runs forward + sample.
+
+Device state, all owned here and written only by `run` (so, in the overlap loop, only on
+the forward thread, in launch order):
+
+- the K/V buffers (`KVBuffers`);
+- `req_to_token[row, position]`: the KV slot of each token of the request in `row`;
+- `token_table[row, position]`: its token ids, prompt and output; a forward writes the
+  token it samples at the next position, where the next decode reads its input.
+
+The scheduler keeps the host bookkeeping (pages, rows) and sends a `ForwardInput`; the
+worker knows nothing of requests, queues or overlap.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,16 +23,14 @@ import torch
 
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
-from sluice.runtime.attention.registry import resolve_backend_name
+from sluice.runtime.attention.registry import create_attention_backend, resolve_backend_name
+from sluice.runtime.attention.split import SplitBatchAttention
+from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput, RowInput
 from sluice.runtime.ipc.messages import SchedulerReady
-from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
-from sluice.runtime.memory.req_to_token import ReqToTokenPool
-from sluice.runtime.model.forward_batch import ForwardBatch
+from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sluice.runtime.model.loader import load_model, load_tokenizer
-from sluice.runtime.sampling.sampler import SampleOutput, SamplingRow, needs_history, sample
-from sluice.runtime.scheduler.batch import ScheduledBatch
-from sluice.runtime.scheduler.cache import KVCacheManager
+from sluice.runtime.sampling.sampler import TokenHistory, needs_history, sample
 from sluice.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sluice.model_worker")
@@ -52,6 +62,26 @@ def size_kv_pool(args: ServerArgs, device: str, per_token_bytes: int) -> int:
     return int(args.cpu_kv_cache_gib * 2**30 // per_token_bytes)
 
 
+@dataclass(frozen=True)
+class PoolLayout:
+    """The sizes the scheduler's bookkeeping must agree with."""
+
+    total_tokens: int  # usable KV tokens (whole pages)
+    page_size: int
+    rows: int  # request rows (max running requests)
+    context_len: int  # longest sequence served
+    model_context_len: int  # the model's own limit (before the pool clipped it)
+
+
+def _attention_backend(args: ServerArgs, device: str) -> AttentionBackend:
+    if args.enable_deterministic_inference:
+        return BatchInvariantAttentionBackend()
+    return SplitBatchAttention(
+        create_attention_backend(args.attention_backend, device),
+        create_attention_backend(args.attention_backend, device),
+    )
+
+
 class ModelWorker:
     def __init__(self, args: ServerArgs, model_path: str | Path) -> None:
         self.args = args
@@ -59,10 +89,8 @@ class ModelWorker:
         self.dtype = resolve_dtype(args.dtype, self.device)
         if args.torch_threads > 0:
             torch.set_num_threads(args.torch_threads)
-        torch.manual_seed(args.random_seed)
-        backend: str | AttentionBackend = args.attention_backend
-        if args.enable_deterministic_inference:
-            backend = BatchInvariantAttentionBackend()
+        torch.manual_seed(max(args.random_seed, 0))
+        backend = _attention_backend(args, self.device)
         self.model, self.model_config = load_model(Path(model_path), self.device, self.dtype, backend)
         self.tokenizer = load_tokenizer(Path(model_path))
         cfg = self.model_config
@@ -74,20 +102,26 @@ class ModelWorker:
         per_token = bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype)
         page = args.page_size
         total = size_kv_pool(args, self.device, per_token) // page * page
-        context = args.max_context_len or cfg.context_length
+        model_context = args.max_context_len or cfg.context_length
         # one request alone must always fit the pool, so retraction can always make progress
-        self.context_len = min(context, total - page)
-        if self.context_len < 2:
+        context = min(model_context, total - page)
+        if context < 2:
             raise ValueError(f"KV pool of {total} tokens is too small (page size {page})")
-        self.allocator = TokenToKVPoolAllocator(total, page, self.device)
+        if context < model_context:
+            logger.warning(
+                "context length clipped to %d tokens (the model allows %d): the KV pool holds %d "
+                "tokens and one request must fit it alone; raise --max-total-tokens (or "
+                "--cpu-kv-cache-gib / --mem-fraction-static) to serve longer sequences",
+                context, model_context, total,
+            )
+        self.pool = PoolLayout(total, page, args.max_running_requests, context, model_context)
         self.kv = KVBuffers(
-            self.allocator.num_slots, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
-            self.dtype, self.device,
+            (total // page + 1) * page, cfg.num_hidden_layers, cfg.num_key_value_heads,
+            cfg.head_dim, self.dtype, self.device,
         )
-        self.req_pool = ReqToTokenPool(args.max_running_requests, self.context_len + page, self.device)
-        # the last token sampled for each request row, read by the next decode (overlap)
-        self.future_tokens = torch.zeros(args.max_running_requests, dtype=torch.int64, device=self.device)
-        self.cache = KVCacheManager.create(self.allocator, self.req_pool, not args.disable_radix_cache)
+        table = (args.max_running_requests, context + page + 1)
+        self.req_to_token = torch.zeros(table, dtype=torch.int32, device=self.device)
+        self.token_table = torch.zeros(table, dtype=torch.int32, device=self.device)
         logger.info(
             "KV pool: %d tokens, %.1f MiB (%d bytes/token, %s on %s)",
             total, self.kv.total_bytes / 2**20, per_token, self.dtype, self.device,
@@ -100,69 +134,104 @@ class ModelWorker:
         return resolve_backend_name(self.args.attention_backend, self.device)
 
     @property
-    def max_total_tokens(self) -> int:
-        return self.allocator.size
+    def context_len(self) -> int:
+        return self.pool.context_len
 
-    def decode_text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    def decode_text(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def ready_message(self) -> SchedulerReady:
         return SchedulerReady(
-            max_total_tokens=self.max_total_tokens,
+            max_total_tokens=self.pool.total_tokens,
             max_running_requests=self.args.max_running_requests,
-            context_len=self.context_len,
-            page_size=self.args.page_size,
+            context_len=self.pool.context_len,
+            page_size=self.pool.page_size,
             vocab_size=self.model_config.vocab_size,
             eos_token_ids=self.eos_token_ids,
             device=self.device,
             dtype=str(self.dtype).removeprefix("torch."),
             attention_backend=self.attention_backend_name,
+            model_context_len=self.pool.model_context_len,
         )
 
-    def forward(self, batch: ScheduledBatch, rows: list[SamplingRow]) -> SampleOutput:
-        """Forward and sample one batch, synchronously (the normal loop)."""
-        return self.run(self.prepare(batch, rows))
+    def device_row(self, row: int, n: int) -> list[int]:
+        """The first `n` KV slots of a table row (for the scheduler's integrity check)."""
+        return self.req_to_token[row, :n].tolist()
 
-    def prepare(self, batch: ScheduledBatch, rows: list[SamplingRow]) -> ForwardJob:
-        """Everything the forward needs, snapshotted on the scheduler thread: the scheduler
-        may change its requests while the job runs on the forward thread."""
-        fb = batch.to_forward_batch(self.req_pool.req_to_token, self.kv, self.device)
+    # ---- one forward --------------------------------------------------------------------
+    def _long(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
+
+    def _write_tables(self, rows: list[RowInput]) -> None:
+        for table, start_of, values_of in (
+            (self.req_to_token, lambda r: r.slot_start, lambda r: r.slots),
+            (self.token_table, lambda r: r.token_start, lambda r: r.tokens),
+        ):
+            index_rows: list[int] = []
+            index_pos: list[int] = []
+            values: list[int] = []
+            for r in rows:
+                vals = values_of(r)
+                if vals:
+                    start = start_of(r)
+                    index_rows += [r.row] * len(vals)
+                    index_pos += range(start, start + len(vals))
+                    values += vals
+            if values:
+                table[self._long(index_rows), self._long(index_pos)] = torch.tensor(
+                    values, dtype=table.dtype
+                ).to(self.device, non_blocking=True)
+
+    def forward_batch(self, fi: ForwardInput) -> ForwardBatch:
+        """Write the rows' new slots and tokens, and describe the forward for the model."""
+        self._write_tables(fi.rows)
+        token_rows: list[int] = []
+        positions: list[int] = []
+        for r in fi.rows:
+            token_rows += [r.row] * r.length
+            positions += range(r.start, r.start + r.length)
+        rows_t, pos_t = self._long(token_rows), self._long(positions)
+        starts = [r.start for r in fi.rows]
+        lens = [r.length for r in fi.rows]
+        seq_lens = [s + n for s, n in zip(starts, lens, strict=True)]
+        fb = ForwardBatch(
+            mode=ForwardMode.DECODE if all(n == 1 for n in lens) else ForwardMode.EXTEND,
+            input_ids=self.token_table[rows_t, pos_t].to(torch.int64),
+            positions=pos_t,
+            out_cache_loc=self.req_to_token[rows_t, pos_t].to(torch.int64),
+            req_pool_indices=self._long([r.row for r in fi.rows]),
+            seq_lens=self._long(seq_lens),
+            prefix_lens=self._long(starts),
+            extend_lens=self._long(lens),
+            seq_lens_cpu=seq_lens,
+            prefix_lens_cpu=starts,
+            extend_lens_cpu=lens,
+            req_to_token=self.req_to_token,
+            kv=self.kv,
+        )
         if self.args.enable_deterministic_inference:
             fb = fb.padded(ROW_MULTIPLE)
-        return ForwardJob(fb, rows, list(batch.sample_mask), [r.req_pool_idx for r in batch.reqs])
+        return fb
 
     @torch.inference_mode()
-    def run(self, job: ForwardJob) -> SampleOutput:
-        """Resolve future tokens, run the model, sample, publish the sampled tokens."""
-        fb, rows = job.batch, list(job.rows)
-        placeholders = fb.input_ids < 0
-        resolved: list[int] = []
-        if bool(placeholders.any()):
-            slots = (-fb.input_ids - 1).clamp(min=0)
-            fb.input_ids = torch.where(placeholders, self.future_tokens[slots], fb.input_ids)
-            resolved = fb.input_ids[: len(rows)].tolist()
-            for i, row in enumerate(rows):  # penalties must see the in-flight token too
-                if bool(placeholders[i]) and row.output_ids is not None and needs_history(row):
-                    rows[i] = dataclasses.replace(row, output_ids=[*row.output_ids, resolved[i]])
-        logits = self.model.forward(fb)
-        keep = [i for i, s in enumerate(job.sample_mask) if s]
-        n = len(job.sample_mask)
-        tokens: list[int] = [-1] * n
-        logprobs: list[float | None] = [None] * n
-        if keep:
-            picked = sample(logits[keep] if len(keep) < n else logits, [rows[i] for i in keep])
-            for j, i in enumerate(keep):
-                tokens[i], logprobs[i] = picked.token_ids[j], picked.logprobs[j]
-            sampled_rows = torch.tensor([job.req_rows[i] for i in keep], device=self.future_tokens.device)
-            self.future_tokens[sampled_rows] = torch.tensor(
-                picked.token_ids, dtype=torch.int64, device=self.future_tokens.device
-            )
-        return SampleOutput(tokens, logprobs)
-
-
-@dataclass(frozen=True)
-class ForwardJob:
-    batch: ForwardBatch
-    rows: list[SamplingRow]
-    sample_mask: list[bool]
-    req_rows: list[int]
+    def run(self, fi: ForwardInput) -> ForwardOutput:
+        """Forward and sample one batch; the sampled tokens go into the token table too."""
+        began = time.perf_counter()
+        logits = self.model.forward(self.forward_batch(fi))
+        sampled = [r for r in fi.rows if r.sample]
+        if not sampled:
+            return ForwardOutput([], [], time.perf_counter() - began)
+        if len(sampled) < len(fi.rows):
+            logits = logits[self._long([i for i, r in enumerate(fi.rows) if r.sample])]
+        history = None
+        next_pos = [r.start + r.length for r in sampled]
+        rows_t = self._long([r.row for r in sampled])
+        if needs_history(fi.sampling):
+            width = max(next_pos)
+            history = TokenHistory(self.token_table[rows_t, :width], self._long(next_pos))
+        out = sample(logits, fi.sampling, history)
+        self.token_table[rows_t, self._long(next_pos)] = out.token_ids.to(self.token_table.dtype)
+        logprobs: list[float | None] = (
+            out.logprobs.tolist() if out.logprobs is not None else [None] * len(sampled)
+        )
+        return ForwardOutput(out.token_ids.tolist(), logprobs, time.perf_counter() - began)

@@ -4,6 +4,9 @@ It sends tokenized requests to the scheduler, receives text deltas from the deto
 and hands each request's updates to the HTTP handler that waits for them. Closing a
 request's generator early (client gone) sends an abort, so the scheduler frees its slot
 and KV pages.
+
+Every request gets an id of its own here; a client's id (`/generate`'s `rid`) is only a
+name for it, so a reused client id can never meet an older request's messages inside.
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ class TokenizerManager:
         self._from_detokenizer = self._ctx.socket(zmq.PULL)
         self._from_detokenizer.setsockopt(zmq.LINGER, 0)
         self._from_detokenizer.bind(port_args.tokenizer_input)
-        self._states: dict[str, _ReqState] = {}
+        self._states: dict[str, _ReqState] = {}  # by internal id
+        self._client_rids: dict[str, str] = {}  # a client's id -> the internal id
         self._loop_task: asyncio.Task[None] | None = None
         # objects with on_chunk(rid, chunk, state), on_stats(stats) and optionally
         # on_abort(rid, state) (the request ended unfinished: its client went away)
@@ -98,6 +102,8 @@ class TokenizerManager:
             "max_total_tokens": r.max_total_tokens,
             "max_running_requests": r.max_running_requests,
             "context_len": r.context_len,
+            "max_model_len": r.context_len,
+            "model_context_len": r.model_context_len or r.context_len,
             "page_size": r.page_size,
             "device": r.device,
             "dtype": r.dtype,
@@ -110,8 +116,7 @@ class TokenizerManager:
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, rid: str | None = None
     ) -> AsyncIterator[GenerateChunk]:
-        rid = rid or uuid.uuid4().hex
-        if rid in self._states:
+        if rid is not None and rid in self._client_rids:
             raise ValueError(f"request id {rid} is already in flight")
         if not input_ids:
             raise ValueError("the prompt is empty")
@@ -121,12 +126,15 @@ class TokenizerManager:
                 f"{self.context_len}"
             )
         state = _ReqState()
-        self._states[rid] = state
+        internal = uuid.uuid4().hex
+        self._states[internal] = state
+        if rid is not None:
+            self._client_rids[rid] = internal
         finished = False
         try:
             send(
                 self._to_scheduler,
-                TokenizedGenerateReq(rid, list(input_ids), sampling, time.time()),
+                TokenizedGenerateReq(internal, list(input_ids), sampling, time.time()),
             )
             while True:
                 chunk = await state.queue.get()
@@ -135,13 +143,15 @@ class TokenizerManager:
                 if finished:
                     return
         finally:
-            self._states.pop(rid, None)
+            self._states.pop(internal, None)
+            if rid is not None:
+                self._client_rids.pop(rid, None)
             if not finished:
-                logger.info("request aborted rid=%s reason=client-gone", rid)
-                send(self._to_scheduler, AbortReq(rid))
+                logger.info("request aborted rid=%s reason=client-gone", rid or internal)
+                send(self._to_scheduler, AbortReq(internal))
                 for listener in self.listeners:
                     if hasattr(listener, "on_abort"):
-                        listener.on_abort(rid, state)
+                        listener.on_abort(internal, state)
 
     async def _receive_loop(self) -> None:
         while True:
@@ -154,21 +164,21 @@ class TokenizerManager:
                     listener.on_stats(msg)
 
     def _dispatch(self, out: BatchStrOut) -> None:
-        for i, rid in enumerate(out.rids):
-            state = self._states.get(rid)
+        for u in out.updates:
+            state = self._states.get(u.rid)
             if state is None:  # aborted: the client is gone
                 continue
             chunk = GenerateChunk(
-                text=out.text_deltas[i],
-                token_ids=out.new_token_ids[i],
-                finished=out.finished[i],
-                prompt_tokens=out.prompt_tokens[i],
-                completion_tokens=out.completion_tokens[i],
-                cached_tokens=out.cached_tokens[i],
-                logprobs=out.logprobs[i],
+                text=u.text,
+                token_ids=u.new_token_ids,
+                finished=u.finished,
+                prompt_tokens=u.prompt_tokens,
+                completion_tokens=u.completion_tokens,
+                cached_tokens=u.cached_tokens,
+                logprobs=u.logprobs,
             )
             for listener in self.listeners:
-                listener.on_chunk(rid, chunk, state)
+                listener.on_chunk(u.rid, chunk, state)
             state.queue.put_nowait(chunk)
 
     def close(self) -> None:

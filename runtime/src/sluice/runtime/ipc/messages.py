@@ -1,9 +1,11 @@
 """The typed messages the runtime's processes exchange.
 
 Every message is a dataclass registered with the codec; nested dataclasses are allowed.
-Flow: TokenizerManager -> Scheduler (TokenizedGenerateReq, AbortReq, FlushCacheReq),
-Scheduler -> Detokenizer (BatchTokenIDOut, SchedulerStats passed through),
-Detokenizer -> TokenizerManager (BatchStrOut, SchedulerStats).
+Flow: TokenizerManager -> Scheduler (TokenizedGenerateReq, AbortReq),
+Scheduler -> Detokenizer (BatchTokenIDOut of TokenUpdate records, SchedulerStats passed
+through), Detokenizer -> TokenizerManager (BatchStrOut of TextUpdate records,
+SchedulerStats), Detokenizer -> Scheduler (StopReq: a stop string matched in the text).
+Request ids on these sockets are the TokenizerManager's own, never a client's.
 """
 
 from __future__ import annotations
@@ -67,33 +69,63 @@ class FinishReason:
 
 @register
 @dataclass
-class BatchTokenIDOut:
-    """New token ids since the last message, one entry per request that advanced."""
+class DetokenizeParams:
+    """How to turn a request's tokens into text; sent with its first update only."""
 
-    rids: list[str]
-    new_token_ids: list[list[int]]
-    finished: list[FinishReason | None]
-    prompt_tokens: list[int]
-    completion_tokens: list[int]
-    cached_tokens: list[int]
-    logprobs: list[list[float]]
-    skip_special_tokens: list[bool]
-    stop_strings: list[list[str]]
+    skip_special_tokens: bool = True
+    stop: list[str] = field(default_factory=list)
+
+
+@register
+@dataclass
+class TokenUpdate:
+    """One request's new tokens since its last update (and its finish, if it finished)."""
+
+    rid: str
+    new_token_ids: list[int]
+    logprobs: list[float]  # one per new token when the request asked for logprobs, else empty
+    finished: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    detokenize: DetokenizeParams | None = None
+
+
+@register
+@dataclass
+class BatchTokenIDOut:
+    updates: list[TokenUpdate]
+
+
+@register
+@dataclass
+class TextUpdate:
+    """One request's text delta, with the stop string (if any) already cut off."""
+
+    rid: str
+    text: str
+    new_token_ids: list[int]
+    logprobs: list[float]
+    finished: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
 
 
 @register
 @dataclass
 class BatchStrOut:
-    """Text deltas per request, with the stop string (if any) already cut off."""
+    updates: list[TextUpdate]
 
-    rids: list[str]
-    text_deltas: list[str]
-    new_token_ids: list[list[int]]
-    finished: list[FinishReason | None]
-    prompt_tokens: list[int]
-    completion_tokens: list[int]
-    cached_tokens: list[int]
-    logprobs: list[list[float]]
+
+@register
+@dataclass
+class StopReq:
+    """The detokenizer found a stop string in a request's text before the scheduler did:
+    finish it as stopped (the detokenizer has already told the client)."""
+
+    rid: str
+    matched_str: str
 
 
 @register
@@ -131,3 +163,4 @@ class SchedulerReady:
     device: str
     dtype: str
     attention_backend: str
+    model_context_len: int = 0  # the model's own limit, before the KV pool clipped it

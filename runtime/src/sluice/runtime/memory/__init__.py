@@ -1,1 +1,1 @@
-"""KV cache memory: the request->token table, the paged slot allocator, the K/V buffers."""
+"""KV cache memory: request rows, the paged slot allocator, the prefix cache, the K/V buffers."""

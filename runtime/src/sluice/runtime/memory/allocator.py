@@ -1,21 +1,20 @@
-"""`TokenToKVPoolAllocator`: hands out KV slots a page at a time.
+"""`TokenToKVPoolAllocator`: hands out KV slots a page at a time (host-side bookkeeping).
 
 The pool has `num_pages` pages of `page_size` slots; page 0 is reserved so that slot 0 is
 never a real token (padded writes may target it). A double free raises: in tests that is a
-bug caught, in production a bug that would otherwise corrupt another request's KV.
+bug caught, in production a bug that would otherwise corrupt another request's KV. The K/V
+buffers themselves live on the device, owned by the model worker; this class only decides
+which slots are whose.
 """
 
 from __future__ import annotations
 
-import torch
-
 
 class TokenToKVPoolAllocator:
-    def __init__(self, max_total_tokens: int, page_size: int, device: torch.device | str) -> None:
+    def __init__(self, max_total_tokens: int, page_size: int) -> None:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         self.page_size = page_size
-        self.device = device
         self.num_pages = max_total_tokens // page_size
         if self.num_pages < 1:
             raise ValueError(f"KV pool of {max_total_tokens} tokens holds no page of {page_size}")
@@ -54,13 +53,14 @@ class TokenToKVPoolAllocator:
 
     def free(self, pages: list[int]) -> None:
         for p in pages:
-            if self._is_free[p] or p == 0:
+            if p == 0 or self._is_free[p]:
                 raise RuntimeError(f"KV page {p} freed twice (or reserved page freed)")
             self._is_free[p] = True
         self._free.extend(pages)
 
-    def slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
+    def slots(self, pages: list[int], start: int, end: int) -> list[int]:
         """KV slots of token positions [start, end) of a sequence laid out on `pages`."""
-        pos = torch.arange(start, end)
-        page_idx = torch.tensor(pages, dtype=torch.int64)[pos // self.page_size]
-        return page_idx * self.page_size + pos % self.page_size
+        ps = self.page_size
+        if ps == 1:
+            return pages[start:end]
+        return [pages[pos // ps] * ps + pos % ps for pos in range(start, end)]

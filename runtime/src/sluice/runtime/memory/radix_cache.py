@@ -6,7 +6,9 @@ is always page-aligned and a page is owned by exactly one node. A node with `loc
 unlocked leaves are evicted least recently used first.
 
 Invariant (see `check_integrity`): every cached token is either evictable (in an unlocked
-node) or protected (in a locked one), and the sums match a walk of the tree.
+node) or protected (in a locked one), and the sums match a walk of the tree. The unlocked
+leaves are kept in a set as the tree changes, so eviction looks at them only, never at the
+whole tree.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from sluice.runtime.memory.prefix_cache import PrefixMatch
 
 
 @dataclass(eq=False)
@@ -31,13 +35,6 @@ class Node:
         return not self.children
 
 
-@dataclass(frozen=True)
-class PrefixMatch:
-    num_tokens: int
-    pages: list[int]
-    node: Node  # the deepest matched node; lock it while the pages are in use
-
-
 class RadixCache:
     def __init__(self, page_size: int, free_pages: Callable[[list[int]], None]) -> None:
         self.page_size = page_size
@@ -47,13 +44,30 @@ class RadixCache:
         self._clock = itertools.count(1)
         self.evictable_tokens = 0
         self.protected_tokens = 0
+        self._evictable_leaves: set[Node] = set()
 
     # ---- lookup -------------------------------------------------------------------------
     def _child_key(self, tokens: list[int], start: int) -> tuple[int, ...]:
         return tuple(tokens[start : start + self.page_size])
 
+    def prefix_len(self, tokens: list[int]) -> int:
+        """Length of the longest cached page-aligned prefix, leaving the tree untouched."""
+        usable = len(tokens) // self.page_size * self.page_size
+        node, pos = self.root, 0
+        while pos < usable:
+            child = node.children.get(self._child_key(tokens, pos))
+            if child is None:
+                break
+            n = self._common_pages(child.key, tokens, pos, usable)
+            pos += n * self.page_size
+            if n * self.page_size < len(child.key):
+                break
+            node = child
+        return pos
+
     def match_prefix(self, tokens: list[int]) -> PrefixMatch:
-        """Longest cached page-aligned prefix of `tokens`."""
+        """Longest cached page-aligned prefix of `tokens` (splits the last node at the match
+        end and refreshes the matched path's LRU position)."""
         usable = len(tokens) // self.page_size * self.page_size
         node, pos, pages = self.root, 0, []
         now = next(self._clock)
@@ -101,10 +115,15 @@ class RadixCache:
             child = node.children.get(self._child_key(tokens, pos))
             if child is None:
                 new = Node(
-                    key=tokens[pos:], pages=pages[pos // self.page_size :], parent=node, last_access=now
+                    key=tokens[pos:],
+                    pages=pages[pos // self.page_size :],
+                    parent=node,
+                    last_access=now,
                 )
                 node.children[self._child_key(tokens, pos)] = new
                 self._account(new, +1)
+                self._evictable_leaves.discard(node)
+                self._evictable_leaves.add(new)
                 return PrefixMatch(pos, [], new)
             n = self._common_pages(child.key, tokens, pos, len(tokens))
             if n * self.page_size < len(child.key):
@@ -120,6 +139,7 @@ class RadixCache:
             if node.lock_ref == 0:
                 self.evictable_tokens -= len(node.key)
                 self.protected_tokens += len(node.key)
+                self._evictable_leaves.discard(node)
             node.lock_ref += 1
             node = node.parent  # type: ignore[assignment]
 
@@ -131,12 +151,16 @@ class RadixCache:
             if node.lock_ref == 0:
                 self.evictable_tokens += len(node.key)
                 self.protected_tokens -= len(node.key)
+                if node.is_leaf:
+                    self._evictable_leaves.add(node)
             node = node.parent  # type: ignore[assignment]
 
     # ---- eviction -----------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
         """Free at least `num_tokens` cached tokens if possible (LRU leaves first)."""
-        heap = [(n.last_access, id(n), n) for n in self._nodes() if n.is_leaf and n.lock_ref == 0]
+        if num_tokens <= 0:
+            return 0
+        heap = [(n.last_access, id(n), n) for n in self._evictable_leaves]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -144,10 +168,12 @@ class RadixCache:
             self._free_pages(node.pages)
             freed += len(node.key)
             self._account(node, -1)
+            self._evictable_leaves.discard(node)
             parent = node.parent
             assert parent is not None
             del parent.children[self._child_key(node.key, 0)]
             if parent is not self.root and parent.is_leaf and parent.lock_ref == 0:
+                self._evictable_leaves.add(parent)
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
 
@@ -189,6 +215,12 @@ class RadixCache:
                 protected += len(n.key)
             else:
                 evictable += len(n.key)
+            if (n.is_leaf and n.lock_ref == 0) != (n in self._evictable_leaves):
+                raise AssertionError("radix evictable-leaf set out of step with the tree")
+        if len(self._evictable_leaves) != sum(
+            1 for n in self._nodes() if n.is_leaf and n.lock_ref == 0
+        ):
+            raise AssertionError("radix evictable-leaf set holds removed nodes")
         if (evictable, protected) != (self.evictable_tokens, self.protected_tokens):
             raise AssertionError(
                 f"radix sizes drifted: walk {evictable}/{protected}, "

@@ -56,6 +56,28 @@ class ForwardBatch:
         """Index into the flat token dimension of each request's last new token."""
         return torch.cumsum(self.extend_lens, dim=0) - 1
 
+    def with_mode(self, mode: ForwardMode) -> ForwardBatch:
+        return self if mode is self.mode else replace(self, mode=mode)
+
+    def rows(self, lo: int, hi: int) -> ForwardBatch:
+        """Requests [lo, hi) as a batch of their own (their tokens, slots and lengths); the
+        last piece keeps any padding tokens."""
+        first = sum(self.extend_lens_cpu[:lo])
+        end = sum(self.extend_lens_cpu[:hi]) if hi < self.batch_size else self.num_tokens
+        return replace(
+            self,
+            input_ids=self.input_ids[first:end],
+            positions=self.positions[first:end],
+            out_cache_loc=self.out_cache_loc[first:end],
+            req_pool_indices=self.req_pool_indices[lo:hi],
+            seq_lens=self.seq_lens[lo:hi],
+            prefix_lens=self.prefix_lens[lo:hi],
+            extend_lens=self.extend_lens[lo:hi],
+            seq_lens_cpu=self.seq_lens_cpu[lo:hi],
+            prefix_lens_cpu=self.prefix_lens_cpu[lo:hi],
+            extend_lens_cpu=self.extend_lens_cpu[lo:hi],
+        )
+
     def padded(self, multiple: int) -> ForwardBatch:
         """This batch with dummy tokens appended so the token count is a multiple of
         `multiple` (at least one multiple). CPU GEMMs give bitwise-equal rows only for such

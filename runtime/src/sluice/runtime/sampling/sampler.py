@@ -1,107 +1,147 @@
-"""Turning a batch of logits into next tokens, one request's parameters per row.
+"""Turning a batch of logits into next tokens, one request's parameters per row, batched.
 
-Greedy rows take the argmax. Other rows apply, in order: penalties (repetition on prompt and
-output tokens, frequency and presence on output tokens), temperature, top-k, top-p, min-p,
-then draw with the request's own `torch.Generator`, so a seeded request gets the same
-tokens whatever else shares its batch.
+Order, as transformers' logits processors and OpenAI define them: tokens banned by
+`min_tokens` are masked; then the repetition penalty (on prompt and output tokens), the
+frequency and presence penalties (on output tokens: `logit -= count * frequency +
+(count > 0) * presence`); greedy rows take the argmax; the other rows apply temperature,
+top-k, top-p and min-p (each masking logits to -inf as transformers' warpers do) and draw
+from the softmax by inverse CDF with one uniform number from the request's own
+`torch.Generator`, so a seeded request gets the same tokens whatever else shares its batch.
+
+Every step is one tensor operation over the rows that need it: no per-row loop on the
+device, no host sync but the uniform draws (one number per sampled row). The token history
+the penalties need is read from the device's token table (`TokenHistory`), which already
+holds a token still in flight in the overlap loop. Logprobs are of the raw distribution
+(before penalties and temperature).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from sluice.runtime.engine.forward_input import SamplingInput
 from sluice.runtime.ipc.messages import SamplingParams
 
 
 @dataclass(frozen=True)
-class SamplingRow:
-    """What the sampler needs of one request."""
+class TokenHistory:
+    """Token ids before the sampled position, per row: `ids[i, :lengths[i]]` (the rest junk)."""
 
-    params: SamplingParams
-    prompt_ids: list[int]
-    output_ids: list[int]
-    generator: torch.Generator | None
-    banned_ids: tuple[int, ...] = ()  # EOS / stop tokens while min_new_tokens is not reached
+    ids: torch.Tensor  # [B, L] integer
+    lengths: torch.Tensor  # [B] int64
 
 
 @dataclass(frozen=True)
 class SampleOutput:
-    token_ids: list[int]
-    logprobs: list[float | None]
+    token_ids: torch.Tensor  # [B] int64, on the logits' device
+    logprobs: torch.Tensor | None  # [B] float32 of the raw distribution, when any row asked
 
 
-def _needs_penalty(p: SamplingParams) -> bool:
+def needs_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
-def needs_history(row: SamplingRow) -> bool:
-    """Whether sampling this row reads the request's generated tokens."""
-    return _needs_penalty(row.params)
+def needs_history(rows: Sequence[SamplingInput]) -> bool:
+    return any(needs_penalty(r.params) for r in rows)
 
 
-def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
-    """Penalise one row of logits in place, as vLLM and SGLang define the penalties."""
-    p = row.params
-    device = logits.device
-    if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(row.prompt_ids) | set(row.output_ids)), device=device)
-        if seen.numel():
-            vals = logits[seen]
-            logits[seen] = torch.where(
-                vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
-            )
-    if row.output_ids and (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0):
-        ids = torch.tensor(row.output_ids, device=device)
-        counts = torch.bincount(ids, minlength=logits.shape[-1])[: logits.shape[-1]].to(logits.dtype)
-        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
-    return logits
+def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=like.dtype, device=like.device)[:, None]
 
 
-def filter_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Probabilities after temperature, top-k, top-p and min-p for one row."""
-    logits = logits / max(p.temperature, 1e-5)
+def apply_penalties(
+    logits: torch.Tensor, rows: Sequence[SamplingInput], history: TokenHistory
+) -> torch.Tensor:
+    """Penalised copy of `logits` `[B, V]` (vLLM's and SGLang's definitions)."""
     vocab = logits.shape[-1]
-    if 0 < p.top_k < vocab:
-        kth = torch.topk(logits, p.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if p.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cum = torch.cumsum(sorted_probs, dim=-1)
-        drop = (cum - sorted_probs) > p.top_p  # keep the smallest set reaching top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    if p.min_p > 0.0:
-        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-    return probs / probs.sum()
+    ids = history.ids.to(torch.int64).clamp(0, vocab - 1)
+    pos = torch.arange(ids.shape[1], device=ids.device)[None, :]
+    known = pos < history.lengths.to(ids.device)[:, None]
+    prompt_lens = torch.tensor([r.prompt_len for r in rows], device=ids.device)[:, None]
+    output = known & (pos >= prompt_lens)
+    counts = torch.zeros_like(logits).scatter_add_(1, ids, output.to(logits.dtype))
+    seen = torch.zeros_like(logits).scatter_add_(1, ids, known.to(logits.dtype)) > 0
+    rep = _column([r.params.repetition_penalty for r in rows], logits)
+    freq = _column([r.params.frequency_penalty for r in rows], logits)
+    pres = _column([r.params.presence_penalty for r in rows], logits)
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    out = torch.where(seen, penalised, logits)
+    return out - freq * counts - pres * (counts > 0).to(logits.dtype)
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleOutput:
-    """Next token for every row of `logits` (`[len(rows), vocab]`, fp32)."""
+def warp(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p on `logits` `[B, V]`, as transformers' warpers:
+    dropped tokens become -inf; the softmax of the result is the sampling distribution."""
+    vocab = logits.shape[-1]
+    temps = _column([max(p.temperature, 1e-5) for p in params], logits)
+    x = logits / temps
+    top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(top_k):
+        widest = max(top_k)
+        kth = torch.topk(x, widest, dim=-1).values
+        index = torch.tensor([max(k, 1) - 1 for k in top_k], device=x.device)[:, None]
+        threshold = kth.gather(1, index)
+        limited = torch.tensor([k > 0 for k in top_k], device=x.device)[:, None]
+        x = x.masked_fill(limited & (x < threshold), float("-inf"))
+    rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if rows:
+        sub = x[rows]
+        ascending, order = torch.sort(sub, dim=-1)
+        cum = ascending.softmax(dim=-1).cumsum(dim=-1)
+        top_p = _column([params[i].top_p for i in rows], x)
+        drop = cum <= 1 - top_p
+        drop[:, -1] = False  # keep at least the most likely token
+        sub = sub.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+        x[rows] = sub
+    rows = [i for i, p in enumerate(params) if p.min_p > 0.0]
+    if rows:
+        sub = x[rows]
+        probs = sub.softmax(dim=-1)
+        min_p = _column([params[i].min_p for i in rows], x)
+        sub = sub.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+        x[rows] = sub
+    return x
+
+
+def draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of `probs` by inverse CDF, each row's uniform from its generator."""
+    u = torch.cat([torch.rand(1, generator=g) for g in generators]).to(probs.device)
+    cum = probs.cumsum(dim=-1)
+    target = (u * cum[:, -1])[:, None]
+    picked = torch.searchsorted(cum, target, right=True)[:, 0]
+    return picked.clamp(max=probs.shape[-1] - 1)
+
+
+def sample(
+    logits: torch.Tensor, rows: Sequence[SamplingInput], history: TokenHistory | None = None
+) -> SampleOutput:
+    """Next token for every row of `logits` (`[len(rows), vocab]`)."""
     logits = logits.float()
-    want_logprobs = any(r.params.logprobs for r in rows)
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-    if all(r.params.is_greedy and not r.banned_ids and not _needs_penalty(r.params) for r in rows):
-        tokens = torch.argmax(logits, dim=-1).tolist()
-    else:
-        tokens = []
-        for i, row in enumerate(rows):
-            x = logits[i].clone()
-            if row.banned_ids:
-                x[list(row.banned_ids)] = float("-inf")
-            if _needs_penalty(row.params):
-                apply_penalties(x, row)
-            if row.params.is_greedy:
-                tokens.append(int(torch.argmax(x)))
-                continue
-            probs = filter_probs(x, row.params)
-            pick = torch.multinomial(probs.cpu(), 1, generator=row.generator)
-            tokens.append(int(pick))
-    logprobs: list[float | None] = [None] * len(rows)
-    if raw_logprobs is not None:
-        picked = raw_logprobs[torch.arange(len(rows)), torch.tensor(tokens, device=logits.device)]
-        values = picked.tolist()
-        logprobs = [v if r.params.logprobs else None for v, r in zip(values, rows, strict=True)]
+    raw = (
+        torch.log_softmax(logits, dim=-1) if any(r.params.logprobs for r in rows) else None
+    )
+    x = logits
+    banned = [(i, r.banned_ids) for i, r in enumerate(rows) if r.banned_ids]
+    if banned:
+        x = x.clone()
+        for i, ids in banned:
+            x[i, list(ids)] = float("-inf")
+    penalised = [i for i, r in enumerate(rows) if needs_penalty(r.params)]
+    if penalised:
+        if history is None:
+            raise ValueError("penalties need the token history")
+        pick = torch.tensor(penalised, device=x.device)
+        part = TokenHistory(history.ids[pick], history.lengths[pick])
+        x = x.clone() if x is logits else x
+        x[pick] = apply_penalties(x[pick], [rows[i] for i in penalised], part)
+    tokens = torch.argmax(x, dim=-1)
+    random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+    if random_rows:
+        pick = torch.tensor(random_rows, device=x.device)
+        probs = warp(x[pick], [rows[i].params for i in random_rows]).softmax(dim=-1)
+        tokens[pick] = draw(probs, [rows[i].generator for i in random_rows])
+    logprobs = raw.gather(1, tokens[:, None])[:, 0] if raw is not None else None
     return SampleOutput(tokens, logprobs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sluice.runtime.ipc.messages import BatchTokenIDOut
+from sluice.runtime.ipc.messages import BatchTokenIDOut, DetokenizeParams, TokenUpdate
 from sluice.runtime.model.forward_batch import ForwardMode
 from sluice.runtime.scheduler.request import Req
 
@@ -14,9 +14,10 @@ class TickResult:
     """What one tick ran, for tests and the per-tick log."""
 
     mode: ForwardMode
-    rids: list[str]
+    rids: list[str]  # the decode rows first, then the prefill rows
     num_tokens: int
     retracted: list[str] = field(default_factory=list)
+    num_decode: int = 0
 
 
 @dataclass
@@ -59,22 +60,29 @@ class Counters:
 
 
 def token_output(reqs: list[Req]) -> BatchTokenIDOut:
-    """New tokens (and finish reasons) of `reqs` since they were last reported, one entry
+    """New tokens (and finish reasons) of `reqs` since they were last reported, one update
     per request; marks what it reports as sent."""
-    seen: set[str] = set()
-    out = BatchTokenIDOut([], [], [], [], [], [], [], [], [])
+    seen: set[int] = set()
+    updates = []
     for r in reqs:
-        if r.rid in seen:
+        if id(r) in seen:
             continue
-        seen.add(r.rid)
-        out.rids.append(r.rid)
-        out.new_token_ids.append(r.output_ids[r.sent_len :])
-        out.logprobs.append(r.output_logprobs[r.sent_len :] if r.sampling.logprobs else [])
+        seen.add(id(r))
+        first = r.sent_len == 0 and not r.announced
+        updates.append(
+            TokenUpdate(
+                rid=r.rid,
+                new_token_ids=r.output_ids[r.sent_len :],
+                logprobs=r.output_logprobs[r.sent_len :] if r.sampling.logprobs else [],
+                finished=r.finish_reason,
+                prompt_tokens=len(r.input_ids),
+                completion_tokens=len(r.output_ids),
+                cached_tokens=r.cached_tokens,
+                detokenize=DetokenizeParams(r.sampling.skip_special_tokens, list(r.sampling.stop))
+                if first
+                else None,
+            )
+        )
         r.sent_len = len(r.output_ids)
-        out.finished.append(r.finish_reason)
-        out.prompt_tokens.append(len(r.input_ids))
-        out.completion_tokens.append(len(r.output_ids))
-        out.cached_tokens.append(r.cached_tokens)
-        out.skip_special_tokens.append(r.sampling.skip_special_tokens)
-        out.stop_strings.append(list(r.sampling.stop))
-    return out
+        r.announced = True
+    return BatchTokenIDOut(updates)

@@ -1,73 +1,83 @@
-"""`ScheduledBatch`: the requests chosen for one tick, and its `ForwardBatch` for the model."""
+"""`ScheduledBatch`: the requests chosen for one tick, and the `ForwardInput` built from it.
+
+A batch is the decode rows (one token each) followed by the prefill rows (a prompt, or a
+chunk of one), in one forward. Building the `ForwardInput` is the only place that decides
+what the device's table rows still lack (`Req.table_slots`, `Req.table_tokens`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
-from sluice.runtime.memory.kv_buffers import KVBuffers
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sluice.runtime.engine.forward_input import ForwardInput, RowInput, SamplingInput
+from sluice.runtime.model.forward_batch import ForwardMode
+from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.request import Req
 
 
-def future_placeholder(req_pool_idx: int) -> int:
-    """A negative input id meaning 'the last token sampled for request row `req_pool_idx`'."""
-    return -(req_pool_idx + 1)
-
-
-@dataclass
+@dataclass(frozen=True)
 class ScheduledBatch:
-    """Requests of one forward. For an extend batch, request i computes tokens
-    `fill_ids[prefix_lens[i] : prefix_lens[i] + extend_lens[i]]`; `sample_mask[i]` is False
-    for a request whose prompt is not complete yet (an intermediate chunk emits no token)."""
+    """Request i computes positions [starts[i], starts[i] + lens[i]); the first
+    `num_decode` rows are decodes; `sample[i]` is False for an intermediate chunk."""
 
-    mode: ForwardMode
     reqs: list[Req]
-    prefix_lens: list[int]
-    extend_lens: list[int]
-    out_cache_loc: torch.Tensor
-    sample_mask: list[bool]
+    starts: list[int]
+    lens: list[int]
+    sample: list[bool]
+    num_decode: int
 
     @property
-    def batch_size(self) -> int:
-        return len(self.reqs)
+    def mode(self) -> ForwardMode:
+        return ForwardMode.DECODE if self.num_decode == len(self.reqs) else ForwardMode.EXTEND
 
     @property
     def num_tokens(self) -> int:
-        return sum(self.extend_lens)
+        return sum(self.lens)
 
-    def to_forward_batch(self, req_to_token: torch.Tensor, kv: KVBuffers, device: str) -> ForwardBatch:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        for req, start, n in zip(self.reqs, self.prefix_lens, self.extend_lens, strict=True):
-            if self.mode is ForwardMode.DECODE:
-                if req.pending_tokens:
-                    # overlap: the input is the token the in-flight forward is sampling;
-                    # the worker reads it from its future-token buffer, slot = request row
-                    input_ids.append(future_placeholder(req.req_pool_idx))
-                else:
-                    input_ids.append(req.output_ids[-1] if req.output_ids else req.input_ids[-1])
-            else:
-                input_ids.extend(req.fill_ids[start : start + n])
-            positions.extend(range(start, start + n))
-        seq_lens = [p + n for p, n in zip(self.prefix_lens, self.extend_lens, strict=True)]
+    @property
+    def prefill_reqs(self) -> list[Req]:
+        return self.reqs[self.num_decode :]
 
-        def t(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
-        return ForwardBatch(
-            mode=self.mode,
-            input_ids=t(input_ids),
-            positions=t(positions),
-            out_cache_loc=self.out_cache_loc.to(device, non_blocking=True),
-            req_pool_indices=t([r.req_pool_idx for r in self.reqs]),
-            seq_lens=t(seq_lens),
-            prefix_lens=t(self.prefix_lens),
-            extend_lens=t(self.extend_lens),
-            seq_lens_cpu=seq_lens,
-            prefix_lens_cpu=list(self.prefix_lens),
-            extend_lens_cpu=list(self.extend_lens),
-            req_to_token=req_to_token,
-            kv=kv,
+def forward_input(
+    batch: ScheduledBatch,
+    cache: KVCacheManager,
+    eos_token_ids: frozenset[int],
+    in_flight: Callable[[Req], int],
+) -> ForwardInput:
+    """The forward for `batch`; records on each request what its table rows will hold."""
+    rows: list[RowInput] = []
+    sampling: list[SamplingInput] = []
+    for req, start, length, sample in zip(
+        batch.reqs, batch.starts, batch.lens, batch.sample, strict=True
+    ):
+        assert req.row is not None
+        end = start + length
+        slot_start, token_start = req.table_slots, min(req.table_tokens, end)
+        rows.append(
+            RowInput(
+                row=req.row,
+                start=start,
+                length=length,
+                slot_start=slot_start,
+                slots=cache.slots(req, slot_start, end),
+                token_start=token_start,
+                tokens=req.tokens(token_start, end),
+                sample=sample,
+            )
         )
+        req.table_slots = end
+        req.table_tokens = end + 1 if sample else end  # the sampled token lands at `end`
+        if sample:
+            sampling.append(_sampling_input(req, eos_token_ids, in_flight(req)))
+    return ForwardInput(rows, sampling)
+
+
+def _sampling_input(req: Req, eos_token_ids: frozenset[int], in_flight: int) -> SamplingInput:
+    sp = req.sampling
+    banned: tuple[int, ...] = ()
+    if len(req.output_ids) + in_flight < sp.min_new_tokens:
+        stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_token_ids))
+        banned = tuple(sorted(stops))
+    return SamplingInput(sp, len(req.input_ids), req.generator, banned)

@@ -1,40 +1,44 @@
-"""`KVCacheManager`: which KV pages and request slot each request holds.
+"""`KVCacheManager`: which KV pages and request row each request holds (host bookkeeping).
 
-The scheduler asks it four things: how much a request can reuse (`match_prefix`), does a
-request fit (`available_size`, counting evictable cached pages), give a request KV slots
-for its next tokens (`extend`, evicting cached pages when the pool runs short), and take
-everything back (`release`). Every path that ends a request's residence (finish, abort,
-retraction) goes through `release`, so a page or a slot is returned exactly once; with the
-radix cache on, the request's computed prefix stays cached for later requests.
+The scheduler asks it: how much of a request is already cached (`match_prefix`, `peek`),
+how much can be allocated (`available_size`, counting evictable cached pages), give a
+request KV slots for its next tokens (`extend`, evicting cached pages when the pool runs
+short), and take everything back (`release`). Every path that ends a request's residence
+(finish, abort, retraction) goes through `release`, so a page or a row is returned exactly
+once; the request's computed full pages stay in the prefix cache for later requests.
 
-A request's `kv_pages[:shared_pages]` belong to the radix cache (locked while in use);
-the rest belong to the request.
+A request's `kv_pages[:shared_pages]` belong to the prefix cache (locked while in use);
+the rest belong to the request. With `--disable-radix-cache` the prefix cache is a
+`NoPrefixCache`: the same code, nothing kept.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
+from sluice.runtime.memory.prefix_cache import NoPrefixCache, PrefixCache
 from sluice.runtime.memory.radix_cache import RadixCache
-from sluice.runtime.memory.req_to_token import ReqToTokenPool
+from sluice.runtime.memory.request_slots import RequestSlots
 from sluice.runtime.scheduler.request import Req
+
+# (row, number of positions) -> the KV slots the device's table row holds there
+DeviceRowReader = Callable[[int, int], list[int]]
 
 
 @dataclass
 class KVCacheManager:
     allocator: TokenToKVPoolAllocator
-    req_pool: ReqToTokenPool
-    radix: RadixCache | None = None
+    rows: RequestSlots
+    prefix: PrefixCache
 
     @classmethod
     def create(
-        cls, allocator: TokenToKVPoolAllocator, req_pool: ReqToTokenPool, enable_radix: bool
+        cls, allocator: TokenToKVPoolAllocator, rows: RequestSlots, enable_radix: bool
     ) -> KVCacheManager:
-        radix = RadixCache(allocator.page_size, allocator.free) if enable_radix else None
-        return cls(allocator, req_pool, radix)
+        kind = RadixCache if enable_radix else NoPrefixCache
+        return cls(allocator, rows, kind(allocator.page_size, allocator.free))
 
     @property
     def page_size(self) -> int:
@@ -45,21 +49,17 @@ class KVCacheManager:
         return self.allocator.size
 
     @property
-    def evictable_size(self) -> int:
-        return self.radix.evictable_tokens if self.radix else 0
-
-    @property
     def cached_size(self) -> int:
-        return self.radix.total_tokens if self.radix else 0
+        return self.prefix.total_tokens
 
     @property
     def available_size(self) -> int:
         """Tokens that can be allocated now: free pages plus evictable cached pages."""
-        return self.allocator.available_size + self.evictable_size
+        return self.allocator.available_size + self.prefix.evictable_tokens
 
     @property
-    def free_slots(self) -> int:
-        return self.req_pool.available_size
+    def free_rows(self) -> int:
+        return self.rows.available_size
 
     def pages_needed(self, req: Req, new_kv_len: int) -> int:
         return max(0, self.allocator.pages_for(new_kv_len) - len(req.kv_pages))
@@ -69,140 +69,131 @@ class KVCacheManager:
         return sum(self.pages_needed(r, r.kv_len + 1) for r in reqs)
 
     # ---- prefix reuse -------------------------------------------------------------------
-    def match_prefix(self, req: Req) -> int:
-        """Point a request holding no KV at the longest cached prefix of its tokens (locked).
+    @staticmethod
+    def _matchable(req: Req) -> list[int]:
+        # at least one token is left to compute: its logits give the next token
+        return req.tokens(0, req.seq_len - 1)
 
-        At least one token is left to compute: its logits give the next token.
-        """
-        if self.radix is None or req.kv_pages:
+    def peek(self, req: Req) -> int:
+        """Cached prefix length of a request, changing nothing (for admission policies)."""
+        return self.prefix.prefix_len(self._matchable(req))
+
+    def match_prefix(self, req: Req) -> int:
+        """Point a request holding no KV at the longest cached prefix of its tokens (locked)."""
+        if req.kv_pages:
             return 0
-        ids = req.fill_ids
-        match = self.radix.match_prefix(ids[: len(ids) - 1])
+        match = self.prefix.match_prefix(self._matchable(req))
         if match.num_tokens:
-            self.radix.inc_lock_ref(match.node)
+            self.prefix.inc_lock_ref(match.node)
             req.kv_pages = list(match.pages)
             req.shared_pages = len(match.pages)
             req.prefix_node = match.node
             req.kv_len = match.num_tokens
         return match.num_tokens
 
-    def unmatch(self, req: Req) -> None:
-        """Undo `match_prefix` for a request that was not admitted after all."""
-        if req.prefix_node is not None and req.shared_pages == len(req.kv_pages):
-            self._unlock(req)
-            req.kv_pages, req.shared_pages, req.kv_len = [], 0, 0
-
     def _unlock(self, req: Req) -> None:
-        if req.prefix_node is not None and self.radix is not None:
-            self.radix.dec_lock_ref(req.prefix_node)
+        if req.prefix_node is not None:
+            self.prefix.dec_lock_ref(req.prefix_node)
         req.prefix_node = None
 
     # ---- allocation ---------------------------------------------------------------------
-    def acquire_slot(self, req: Req) -> bool:
-        if req.req_pool_idx is not None:
+    def acquire_row(self, req: Req) -> bool:
+        if req.row is not None:
             return True
-        row = self.req_pool.alloc()
+        row = self.rows.alloc()
         if row is None:
             return False
-        req.req_pool_idx = row
-        if req.kv_len:  # a matched prefix: its slots go into the fresh row
-            self.req_pool.write(row, 0, self.allocator.slots(req.kv_pages, 0, req.kv_len))
+        req.row, req.table_slots, req.table_tokens = row, 0, 0
         return True
 
     def _alloc_pages(self, n: int) -> list[int] | None:
         short = n - self.allocator.num_free_pages
-        if short > 0 and self.radix is not None:
-            self.radix.evict(short * self.page_size)
+        if short > 0:
+            self.prefix.evict(short * self.page_size)
         return self.allocator.alloc_pages(n)
 
-    def extend(self, req: Req, new_kv_len: int) -> torch.Tensor | None:
-        """Give `req` KV slots for positions [kv_len, new_kv_len); None if the pool is short.
+    def extend(self, req: Req, new_kv_len: int) -> bool:
+        """Give `req` KV slots for positions [kv_len, new_kv_len); False if the pool is short.
 
-        On success the slots are written into the request's table row and `req.kv_len`
-        becomes `new_kv_len`: the caller runs the forward that fills them this tick.
-        """
-        assert req.req_pool_idx is not None, "extend() before acquire_slot()"
-        if new_kv_len > self.req_pool.max_context_len:
+        On success `req.kv_len` becomes `new_kv_len`: the caller runs the forward that fills
+        them."""
+        assert req.row is not None, "extend() before acquire_row()"
+        if new_kv_len > self.rows.max_context_len:
             raise ValueError(f"request {req.rid} exceeds the context length")
         need = self.pages_needed(req, new_kv_len)
         if need:
             pages = self._alloc_pages(need)
             if pages is None:
-                return None
+                return False
             req.kv_pages.extend(pages)
-        slots = self.allocator.slots(req.kv_pages, req.kv_len, new_kv_len)
-        self.req_pool.write(req.req_pool_idx, req.kv_len, slots)
         req.kv_len = new_kv_len
-        return slots
+        return True
+
+    def slots(self, req: Req, start: int, end: int) -> list[int]:
+        return self.allocator.slots(req.kv_pages, start, end)
 
     def cache_unfinished(self, req: Req, computed: int) -> None:
         """Share the computed full pages of a request that is still running (after its
         prefill or one of its chunks), so a request with the same prefix can reuse them
-        before this one finishes. `computed`: positions whose KV the forward just wrote (in
-        the overlap loop `kv_len` may already count positions of the next, in-flight batch).
+        before this one finishes. `computed`: positions whose KV a completed forward wrote.
 
-        Only when the tree holds nothing past what the request already shares: then its own
-        full pages simply move to the tree (same pages, same table row) and stay locked."""
-        if self.radix is None:
-            return
+        Only when the cache holds exactly what the request already shares: then its own
+        full pages move to the cache (same pages, same table row) and stay locked."""
         full = min(computed, req.kv_len) // self.page_size
         if full <= req.shared_pages:
             return
-        tokens = req.fill_ids[: full * self.page_size]
-        if self.radix.match_prefix(tokens).num_tokens > req.shared_pages * self.page_size:
+        tokens = req.tokens(0, full * self.page_size)
+        if self.prefix.prefix_len(tokens) != req.shared_pages * self.page_size:
             return  # someone cached more of it meanwhile; the finish-time insert sorts it out
-        node = self.radix.insert(tokens, req.kv_pages[:full]).node
-        self.radix.inc_lock_ref(node)
+        inserted = self.prefix.insert(tokens, req.kv_pages[:full])
+        if inserted.num_tokens != req.shared_pages * self.page_size:
+            return  # the cache kept none of it (prefix caching is off)
+        self.prefix.inc_lock_ref(inserted.node)
         self._unlock(req)
-        req.prefix_node = node
+        req.prefix_node = inserted.node
         req.shared_pages = full
 
     # ---- release ------------------------------------------------------------------------
     def release(self, req: Req) -> None:
-        """Return the request's pages and table row; its computed full pages stay cached
-        when the radix cache is on. Safe to call on a request holding nothing."""
-        own = req.kv_pages[req.shared_pages :]
-        if self.radix is not None and req.kv_len:
+        """Return the request's pages and row; its computed full pages stay cached. Safe to
+        call on a request holding nothing."""
+        if req.kv_len:
             full = req.kv_len // self.page_size
-            cached = self.radix.insert(req.fill_ids[: full * self.page_size], req.kv_pages[:full]).num_tokens
-            dup_end = max(req.shared_pages, cached // self.page_size)
-            # pages the tree already had a copy of, and the partly filled last page
+            cached = self.prefix.insert(req.tokens(0, full * self.page_size), req.kv_pages[:full])
+            dup_end = max(req.shared_pages, cached.num_tokens // self.page_size)
+            # pages the cache already had a copy of, and the partly filled last page; pages
+            # [dup_end, full) now belong to the cache
             self.allocator.free(req.kv_pages[req.shared_pages : dup_end] + req.kv_pages[full:])
-            # (pages [dup_end, full) now belong to the tree)
-            self._unlock(req)
-        elif own:
-            self.allocator.free(own)
-            self._unlock(req)
         else:
-            self._unlock(req)
+            self.allocator.free(req.kv_pages[req.shared_pages :])
+        self._unlock(req)
         req.kv_pages, req.shared_pages, req.kv_len = [], 0, 0
-        if req.req_pool_idx is not None:
-            self.req_pool.free(req.req_pool_idx)
-            req.req_pool_idx = None
+        if req.row is not None:
+            self.rows.free(req.row)
+            req.row = None
 
     def flush(self) -> None:
-        if self.radix is not None:
-            self.radix.reset()
+        self.prefix.reset()
 
-    def check_integrity(self, live: list[Req]) -> None:
-        """free + cached + in-use pages = total; each live request's table row is its pages."""
+    def check_integrity(self, live: list[Req], device_row: DeviceRowReader | None = None) -> None:
+        """free + cached + in-use pages = total; rows are not shared; with `device_row`, each
+        live request's device table row holds its pages' slots."""
         owned = sum(len(r.kv_pages) - r.shared_pages for r in live)
-        cached = len(self.radix.all_pages()) if self.radix else 0
+        cached = len(self.prefix.all_pages())
         free = self.allocator.num_free_pages
         if free + cached + owned != self.allocator.num_pages:
             raise AssertionError(
                 f"KV pages leak: free {free} + cached {cached} + in use {owned} "
                 f"!= total {self.allocator.num_pages}"
             )
-        if self.radix is not None:
-            self.radix.check_integrity()
-        rows = [r.req_pool_idx for r in live if r.req_pool_idx is not None]
-        if len(rows) != len(set(rows)) or self.req_pool.available_size + len(rows) != self.req_pool.size:
-            raise AssertionError("request slots leak or are shared")
+        self.prefix.check_integrity()
+        rows = [r.row for r in live if r.row is not None]
+        if len(rows) != len(set(rows)) or self.rows.available_size + len(rows) != self.rows.size:
+            raise AssertionError("request rows leak or are shared")
+        if device_row is None:
+            return
         for r in live:
-            if r.kv_len and r.req_pool_idx is not None:
-                want = self.allocator.slots(r.kv_pages, 0, r.kv_len).to(torch.int32)
-                have = self.req_pool.req_to_token[r.req_pool_idx, : r.kv_len].cpu()
-                if not torch.equal(want, have):
+            if r.row is not None and r.table_slots:
+                written = min(r.table_slots, r.kv_len)
+                if device_row(r.row, written) != self.slots(r, 0, written):
                     raise AssertionError(f"table row of {r.rid} does not match its pages")
-

@@ -9,10 +9,14 @@ its outputs and stats, and resumes only when the test says so.
 Off unless the scheduler process starts with `SLUICE_TEST_HOLD_DIR` set (read once, in the
 process entry point). Protocol, all through files in that folder:
 
-1. the test writes `arm` holding N (a number of output tokens);
-2. after the first tick at whose end some live request has at least N output tokens, the
-   scheduler publishes its stats, renames `arm` to `held`, and waits;
+1. the test writes `arm` holding "N" or "N M" (M defaults to 1);
+2. after the first tick at whose end at least M live requests have at least N output tokens
+   each, the scheduler publishes its stats, renames `arm` to `held`, and waits;
 3. the test sees `held`, looks at whatever it needs, and deletes `held`: the scheduler goes on.
+
+And, so that requests a test sends "at once" are scheduled at once however the client's
+sends are spread in time: while `pause` exists the scheduler takes requests in and
+publishes its stats but runs no tick.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 
 ENV_HOLD_DIR = "SLUICE_TEST_HOLD_DIR"
 POLL_S = 0.01
-ARM, HELD = "arm", "held"
+ARM, HELD, PAUSE = "arm", "held", "pause"
 
 
 @dataclass(frozen=True)
@@ -37,16 +41,25 @@ class HoldGate:
         folder = (os.environ if environ is None else environ).get(ENV_HOLD_DIR, "")
         return cls(Path(folder)) if folder else None
 
-    def armed_at(self) -> int | None:
+    @property
+    def paused(self) -> bool:
+        return (self.folder / PAUSE).exists()
+
+    def armed_at(self) -> tuple[int, int] | None:
+        """(output tokens, requests) the gate waits for, or None when not armed."""
         try:
-            return int((self.folder / ARM).read_text().strip())
+            values = [int(v) for v in (self.folder / ARM).read_text().split()]
         except (OSError, ValueError):
             return None
+        return (values[0], values[1] if len(values) > 1 else 1) if values else None
 
-    def hold_if_reached(self, longest_output: int, before_hold: Callable[[], None]) -> bool:
-        """Hold (until released) when armed and `longest_output` reached the armed count."""
-        at = self.armed_at()
-        if at is None or longest_output < at:
+    def hold_if_reached(self, output_lens: list[int], before_hold: Callable[[], None]) -> bool:
+        """Hold (until released) when armed and enough of `output_lens` reached the mark."""
+        armed = self.armed_at()
+        if armed is None:
+            return False
+        tokens, requests = armed
+        if sum(1 for n in output_lens if n >= tokens) < requests:
             return False
         before_hold()
         os.replace(self.folder / ARM, self.folder / HELD)

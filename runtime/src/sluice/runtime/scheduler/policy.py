@@ -1,6 +1,6 @@
-"""The order in which waiting requests are offered to the `PrefillAdder`.
+"""The order in which waiting requests are offered for admission.
 
-- `fcfs`: arrival order (retracted requests were put back at the head).
+- `fcfs`: arrival order.
 - `lof`: longest output (max_new_tokens) first.
 - `random`: a seeded shuffle.
 - `lpm`: longest cached prefix first, with in-batch prefix de-duplication: a request whose
@@ -10,8 +10,14 @@
 - `dfs-weight`: depth-first over the radix tree, heavier subtrees (more waiting requests)
   first, so requests sharing prefixes are admitted together.
 
-Cache-aware policies fall back to fcfs when the queue is long: matching every waiting
-request against the tree each tick would cost more than it saves.
+Whatever the policy, two groups go first, in queue order: retracted requests (they were
+running; the queue's head is theirs), then requests that have waited `starvation_passes`
+prefill passes or more (a reordering policy must not starve a request forever, e.g. one
+that matches nothing under `lpm`). The policy orders the rest.
+
+Cache-aware policies read the cache without changing it (no node splits, no LRU refresh)
+and fall back to fcfs when the queue is long: matching every waiting request each tick
+would cost more than it saves.
 """
 
 from __future__ import annotations
@@ -19,9 +25,13 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sluice.runtime.memory.radix_cache import Node, RadixCache
 from sluice.runtime.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from sluice.runtime.scheduler.cache import KVCacheManager
 
 CACHE_AWARE = ("lpm", "dfs-weight")
 
@@ -32,12 +42,30 @@ class PolicyConfig:
     in_batch_check_threshold: int = 32
     in_batch_deprioritize_threshold: int = 32
     cache_aware_max_queue: int = 128
+    starvation_passes: int = 64
     seed: int = 0
 
 
-def order_waiting(queue: list[Req], config: PolicyConfig, radix: RadixCache | None, tick: int) -> list[Req]:
+def order_waiting(
+    queue: list[Req], config: PolicyConfig, cache: KVCacheManager | None, tick: int
+) -> list[Req]:
+    """`queue` (in arrival order, retracted requests at its head) in admission order."""
+    first = [r for r in queue if r.retractions or tick - r.enqueued_tick >= config.starvation_passes]
+    if first:
+        chosen = {id(r) for r in first}
+        rest = [r for r in queue if id(r) not in chosen]
+        return first + _by_policy(rest, config, cache, tick)
+    return _by_policy(queue, config, cache, tick)
+
+
+def _by_policy(
+    queue: list[Req], config: PolicyConfig, cache: KVCacheManager | None, tick: int
+) -> list[Req]:
     name = config.name
-    if name in CACHE_AWARE and (radix is None or len(queue) > config.cache_aware_max_queue):
+    radix = cache.prefix if cache is not None else None
+    if name in CACHE_AWARE and (
+        not isinstance(radix, RadixCache) or len(queue) > config.cache_aware_max_queue
+    ):
         name = "fcfs"
     if name == "fcfs":
         return list(queue)
@@ -47,21 +75,16 @@ def order_waiting(queue: list[Req], config: PolicyConfig, radix: RadixCache | No
         shuffled = list(queue)
         random.Random(config.seed * 1_000_003 + tick).shuffle(shuffled)
         return shuffled
-    assert radix is not None
+    assert cache is not None and isinstance(radix, RadixCache)
     if name == "lpm":
-        return _longest_prefix_first(queue, config, radix)
+        return _longest_prefix_first(queue, config, cache)
     if name == "dfs-weight":
         return _dfs_weight(queue, radix)
     raise ValueError(f"unknown schedule policy {config.name!r}")
 
 
-def _match_len(radix: RadixCache, req: Req) -> int:
-    ids = req.fill_ids
-    return radix.match_prefix(ids[: len(ids) - 1]).num_tokens
-
-
-def _longest_prefix_first(queue: list[Req], config: PolicyConfig, radix: RadixCache) -> list[Req]:
-    matched = {id(r): _match_len(radix, r) for r in queue}
+def _longest_prefix_first(queue: list[Req], config: PolicyConfig, cache: KVCacheManager) -> list[Req]:
+    matched = {id(r): cache.peek(r) for r in queue}
     # in-batch de-duplication: a scratch tree of the prompts seen so far in this pass
     scratch = RadixCache(1, lambda pages: None)
     deprioritized: set[int] = set()
@@ -69,8 +92,7 @@ def _longest_prefix_first(queue: list[Req], config: PolicyConfig, radix: RadixCa
         if matched[id(r)] >= config.in_batch_check_threshold:
             continue
         ids = r.fill_ids
-        shared = scratch.match_prefix(ids).num_tokens
-        if shared >= config.in_batch_deprioritize_threshold:
+        if scratch.prefix_len(ids) >= config.in_batch_deprioritize_threshold:
             deprioritized.add(id(r))
         else:
             scratch.insert(ids, list(range(len(ids))))
@@ -78,12 +100,21 @@ def _longest_prefix_first(queue: list[Req], config: PolicyConfig, radix: RadixCa
     return sorted(queue, key=lambda r: (id(r) in deprioritized, -matched[id(r)]))
 
 
+def _deepest_node(radix: RadixCache, tokens: list[int]) -> Node:
+    """The deepest node wholly matched by `tokens`, without changing the tree."""
+    node, pos, ps = radix.root, 0, radix.page_size
+    while True:
+        child = node.children.get(tuple(tokens[pos : pos + ps]))
+        if child is None or tokens[pos : pos + len(child.key)] != child.key:
+            return node
+        node, pos = child, pos + len(child.key)
+
+
 def _dfs_weight(queue: list[Req], radix: RadixCache) -> list[Req]:
     by_node: dict[int, list[Req]] = defaultdict(list)
     nodes: dict[int, Node] = {}
     for r in queue:
-        ids = r.fill_ids
-        node = radix.match_prefix(ids[: len(ids) - 1]).node
+        node = _deepest_node(radix, r.tokens(0, r.seq_len - 1))
         by_node[id(node)].append(r)
         nodes[id(node)] = node
     weight: dict[int, int] = defaultdict(int)

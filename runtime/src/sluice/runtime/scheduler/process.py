@@ -25,6 +25,9 @@ from sluice.runtime.ipc.sockets import (
     recv_all_nowait,
     send,
 )
+from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
+from sluice.runtime.memory.request_slots import RequestSlots
+from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.hold_gate import HoldGate
 from sluice.runtime.scheduler.policy import PolicyConfig
 from sluice.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -35,9 +38,18 @@ logger = logging.getLogger("sluice.scheduler")
 STATS_INTERVAL_S = 1.0  # stats are published at least this often
 THROUGHPUT_WINDOW_S = 5.0  # generation throughput is averaged over this sliding window
 KV_USAGE_STEP = 0.05  # a KV usage change this large is published at once
+PAUSED_POLL_S = 0.01  # how often a paused scheduler (test hold gate) looks for its release
 
 
 def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
+    """The scheduler for `args` over `worker`: its bookkeeping (pages, rows, prefix cache)
+    is built here, sized to the worker's device pool."""
+    pool = worker.pool
+    cache = KVCacheManager.create(
+        TokenToKVPoolAllocator(pool.total_tokens, pool.page_size),
+        RequestSlots(pool.rows, pool.context_len + pool.page_size),
+        enable_radix=not args.disable_radix_cache,
+    )
     config = SchedulerConfig(
         max_running_requests=args.max_running_requests,
         max_prefill_tokens=args.max_prefill_tokens,
@@ -47,16 +59,18 @@ def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
             name=args.schedule_policy,
             in_batch_check_threshold=args.in_batch_prefix_check_threshold,
             in_batch_deprioritize_threshold=args.in_batch_prefix_deprioritize_threshold,
-            seed=args.random_seed,
+            seed=max(args.random_seed, 0),
         ),
         retraction_policy=args.retraction_policy,
         init_new_token_ratio=min(1.0, args.init_new_token_ratio * args.schedule_conservativeness),
         random_seed=args.random_seed,
+        mixed_chunk=not args.disable_mixed_chunk,
+        max_prefill_streak=args.max_prefill_streak,
     )
     executor = SyncExecutor(worker) if args.disable_overlap_schedule else ThreadExecutor(worker)
     return Scheduler(
         config,
-        worker.cache,
+        cache,
         executor,
         worker.eos_token_ids,
         decode_text=worker.decode_text,
@@ -81,8 +95,8 @@ def run_scheduler_process(
         ready.close()
         logger.info(
             "scheduler ready: KV pool %d tokens (%d pages of %d), %d request slots, context %d",
-            worker.max_total_tokens,
-            worker.cache.allocator.num_pages,
+            worker.pool.total_tokens,
+            scheduler.cache.allocator.num_pages,
             args.page_size,
             args.max_running_requests,
             worker.context_len,
@@ -119,18 +133,22 @@ def serve_forever(
     loop = "overlap" if overlap else "normal"
     last_timing = time.monotonic()
     while True:
-        if scheduler.has_work:
+        paused = hold_gate is not None and hold_gate.paused
+        if scheduler.has_work and not paused:
             msgs = recv_all_nowait(inbox)
         else:
             scheduler.on_idle()  # reset new_token_ratio and check integrity before waiting
-            first = recv(inbox, timeout_ms=int(STATS_INTERVAL_S * 1000))
+            wait_s = PAUSED_POLL_S if paused else STATS_INTERVAL_S
+            first = recv(inbox, timeout_ms=int(wait_s * 1000))
             msgs = [] if first is None else [first, *recv_all_nowait(inbox)]
             if first is None and os.getppid() != parent:
                 logger.error("the server process is gone; scheduler exiting")
                 return
         for msg in msgs:
             scheduler.handle(msg)
-        step()
+        # read again: a test pauses before it sends, so what woke us up sees the pause
+        if not (hold_gate is not None and hold_gate.paused):
+            step()
         if timing_interval_s and time.monotonic() - last_timing >= timing_interval_s:
             last_timing = time.monotonic()
             logger.info("tick timing loop=%s %s", loop, scheduler.timing.take().summary())
@@ -141,9 +159,8 @@ def serve_forever(
         if stats is not None:
             send(outbox, stats)
         if hold_gate is not None:
-            longest = max((len(r.output_ids) for r in scheduler.live_requests()), default=0)
             hold_gate.hold_if_reached(
-                longest,
+                [len(r.output_ids) for r in scheduler.live_requests()],
                 lambda: send(outbox, publisher.poll(scheduler, time.monotonic(), force=True)),
             )
 

@@ -1,8 +1,12 @@
-"""`Req`: one generation request inside the scheduler, and its states."""
+"""`Req`: one generation request inside the scheduler, and the resources it holds.
+
+A request has no state field: where it is (waiting, being chunked, decoding, finished but
+still used by an in-flight forward) is decided by which manager holds it, and only that
+manager moves it (see `scheduler.py`).
+"""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,21 +14,25 @@ import torch
 
 from sluice.runtime.ipc.messages import FinishReason, SamplingParams
 
-
-class ReqState(enum.Enum):
-    WAITING = "waiting"  # in the waiting queue (new, or retracted)
-    PREFILLING = "prefilling"  # admitted; its prompt is being prefilled (possibly in chunks)
-    RUNNING = "running"  # in the decode set
-    FINISHED = "finished"
+# A request's own max_new_tokens counts at most this much in every KV estimate (admission,
+# the running reservation, the new-token ratio), so one request asking for a huge output
+# cannot block the pool (SGLang clips the same way).
+CLIP_MAX_NEW_TOKENS = 4096
 
 
 @dataclass(eq=False)
 class Req:
-    """A request and the resources it holds.
+    """A request and what it holds.
 
-    `kv_len` tokens of `fill_ids` have their K/V in the pool, laid out on `kv_pages`
-    (positions p lives in page `kv_pages[p // page_size]`). `fill_ids` is the prompt plus
-    everything generated so far, so a retracted request re-prefills exactly what it had.
+    `kv_len` tokens of the sequence (prompt, then everything generated so far) have their
+    K/V in the pool, laid out on `kv_pages` (position p lives in page `kv_pages[p //
+    page_size]`); the leading `shared_pages` of them belong to the prefix cache, locked
+    through `prefix_node`. A retracted request gives all of it back and keeps its output,
+    so it re-prefills exactly what it had.
+
+    `row` is its row of the request tables while it holds KV. `table_slots` and
+    `table_tokens` say how far the device copies of that row (KV slots, token ids) have been
+    written by launched forwards; they restart at 0 with every new row.
     """
 
     rid: str
@@ -32,30 +40,41 @@ class Req:
     sampling: SamplingParams
     arrival_time: float = 0.0
     eos_token_ids: frozenset[int] = frozenset()
+    generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
-    state: ReqState = ReqState.WAITING
-    req_pool_idx: int | None = None
+    finish_reason: FinishReason | None = None
+    # resources
+    row: int | None = None
     kv_pages: list[int] = field(default_factory=list)
     kv_len: int = 0
-    shared_pages: int = 0  # leading kv_pages owned by the radix cache (a matched prefix)
-    prefix_node: Any = None  # the locked radix node behind those pages
+    shared_pages: int = 0
+    prefix_node: Any = None
+    table_slots: int = 0
+    table_tokens: int = 0
+    # accounting
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (first admission)
-    finish_reason: FinishReason | None = None
-    generator: torch.Generator | None = None
     retractions: int = 0
-    # overlap loop: tokens sampled by a launched forward whose result is not processed yet
-    pending_tokens: int = 0
-    # tokens already reported to the detokenizer
-    sent_len: int = 0
-
-    @property
-    def fill_ids(self) -> list[int]:
-        return self.input_ids + self.output_ids
+    enqueued_tick: int = 0  # the prefill pass at which it (re-)entered the waiting queue
+    sent_len: int = 0  # output tokens already reported to the detokenizer
+    announced: bool = False  # its first update (with how to detokenize it) went out
 
     @property
     def seq_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Token ids of positions [start, end) of the sequence (prompt, then output)."""
+        n = len(self.input_ids)
+        if end <= n:
+            return self.input_ids[start:end]
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return self.input_ids[start:] + self.output_ids[: end - n]
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.tokens(0, self.seq_len)
 
     @property
     def extend_len(self) -> int:
@@ -67,22 +86,17 @@ class Req:
         return self.sampling.max_new_tokens - len(self.output_ids)
 
     @property
-    def generated(self) -> int:
-        """Tokens generated so far, counting those still in flight (overlap loop)."""
-        return len(self.output_ids) + self.pending_tokens
+    def clipped_remaining_new_tokens(self) -> int:
+        """What the KV estimates count of the output still to come."""
+        return max(0, min(self.remaining_new_tokens, CLIP_MAX_NEW_TOKENS))
 
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
 
-    @property
-    def can_decode(self) -> bool:
-        return not self.is_finished and self.remaining_new_tokens > 0
-
     def finish(self, reason: FinishReason) -> None:
         if self.finish_reason is None:
             self.finish_reason = reason
-        self.state = ReqState.FINISHED
 
     def check_finished_after(self, token: int) -> None:
         """Apply the stop conditions that need only token ids (after `token` was appended)."""

@@ -1,17 +1,23 @@
 """The scheduler: one tick = take requests in, choose a batch, run it, process the result.
 
-Choosing is prefill-first: if waiting requests (or the request being chunked) can be
-admitted, the tick prefills them; otherwise it decodes the running set, retracting
-requests first when the KV pool cannot give each its next slot. The ZeroMQ process loop
-around this class lives in `process.py`; tests drive `step()` directly.
+It composes managers that never call back into it:
+
+- `PrefillManager` (prefill.py): the waiting queue, the request being chunked, admission
+  and its page allocation;
+- `DecodeManager` (decode.py): the running set, the new-token ratio and retraction;
+- `InFlight` (overlap.py): the launched batch and the releases it defers;
+- `KVCacheManager` (cache.py): pages, rows and the prefix cache.
+
+Choosing a batch: with mixed chunks (the default) every tick decodes all running requests
+and fills the rest of the chunk budget with prefill; without, prefill goes first, but a
+running request waits at most `max_prefill_streak` prefill ticks for its next token.
 
 Two loops share every decision: `step()` (normal) runs a batch and processes its result in
 the same tick; `step_overlap()` launches batch N on the forward thread, then processes
-batch N-1's result while N runs. Requests whose prompt completes in a batch join the decode
-set at launch, their next input read from the worker's future-token buffer; a request that
-finishes in N-1 but was already placed in N has its extra token dropped, and its pages are
-released only after N completes. Retraction needs the host's view of every request, so an
-overlap tick that must retract first waits for the in-flight batch.
+batch N-1's result while N runs. A decode reads its input token from the worker's token
+table, so the next batch can be launched before the host has seen the previous one's
+tokens. Retraction needs the host's view of every request: an overlap tick that must
+retract first waits for the in-flight batch.
 """
 
 from __future__ import annotations
@@ -22,45 +28,32 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
+from sluice.runtime.engine.executor import Executor
+from sluice.runtime.engine.forward_input import ForwardOutput
 from sluice.runtime.ipc.messages import (
     AbortReq,
     BatchTokenIDOut,
     FinishReason,
     SchedulerStats,
+    StopReq,
     TokenizedGenerateReq,
 )
-from sluice.runtime.model.forward_batch import ForwardMode
-from sluice.runtime.sampling.sampler import SampleOutput, SamplingRow, needs_history
 from sluice.runtime.scheduler.accounting import Counters, TickResult, TickTiming, token_output
-from sluice.runtime.scheduler.batch import ScheduledBatch
+from sluice.runtime.scheduler.batch import ScheduledBatch, forward_input
 from sluice.runtime.scheduler.cache import KVCacheManager
-from sluice.runtime.scheduler.decode import DecodeManager, NewTokenRatio
-from sluice.runtime.scheduler.policy import PolicyConfig, order_waiting
-from sluice.runtime.scheduler.prefill import AddResult, PrefillAdder
-from sluice.runtime.scheduler.request import Req, ReqState
+from sluice.runtime.scheduler.decode import DecodeManager, DecodeRows, NeedSync, NewTokenRatio
+from sluice.runtime.scheduler.overlap import InFlight, Launched
+from sluice.runtime.scheduler.policy import PolicyConfig
+from sluice.runtime.scheduler.prefill import PrefillBatch, PrefillBudget, PrefillManager
+from sluice.runtime.scheduler.request import Req
 from sluice.runtime.scheduler.stop_strings import StopStringMatcher
-
-if TYPE_CHECKING:
-    from sluice.runtime.engine.executor import Executor, ForwardResult
 
 logger = logging.getLogger("sluice.scheduler")
 
-
-class _NeedSync:
-    """`_schedule` result: retraction is needed but a batch is in flight."""
-
-
-NEED_SYNC = _NeedSync()
-
-
-@dataclass
-class InFlight:
-    batch: ScheduledBatch
-    result: Future[ForwardResult]
+NEED_SYNC = NeedSync.NEED_SYNC
 
 
 @dataclass(frozen=True)
@@ -72,7 +65,9 @@ class SchedulerConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     retraction_policy: str = "length"
     init_new_token_ratio: float = 0.7
-    random_seed: int = 0
+    random_seed: int = -1  # -1: unseeded requests draw fresh randomness
+    mixed_chunk: bool = True
+    max_prefill_streak: int = 4
     check_integrity_when_idle: bool = True
 
 
@@ -83,41 +78,49 @@ class Scheduler:
         cache: KVCacheManager,
         executor: Executor,
         eos_token_ids: list[int],
-        decode_text: Callable[[list[int]], str] | None = None,
+        decode_text: Callable[[list[int], bool], str] | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
         self.executor = executor
-        self.inflight: InFlight | None = None
-        self._deferred: list[Req] = []  # finished, but an in-flight batch still uses their KV
-        self.timing = TickTiming()
         self.eos_token_ids = frozenset(eos_token_ids)
         self.stop_matcher = StopStringMatcher(decode_text) if decode_text else None
-        self.waiting: list[Req] = []
-        self.chunked_req: Req | None = None
-        self.decode = DecodeManager(cache, config.retraction_policy)
-        self.ratio = NewTokenRatio(init=config.init_new_token_ratio)
+        self.prefill = PrefillManager(cache, config.chunk_size, config.policy)
+        self.decode = DecodeManager(
+            cache, NewTokenRatio(init=config.init_new_token_ratio), config.retraction_policy
+        )
+        self.inflight = InFlight()
+        self.timing = TickTiming()
         self.counters = Counters()
-        self._rng = random.Random(config.random_seed)
+        seeded = config.random_seed >= 0
+        self._rng = random.Random(config.random_seed) if seeded else random.SystemRandom()
+        self._requests: dict[str, Req] = {}
         self._outbox: list[Req] = []
-        self._by_rid: dict[str, Req] = {}
-        self._ticks = 0
         self._queue_times: list[float] = []  # admitted since the last take_queue_times()
+        self._prefill_streak = 0  # prefill-only ticks in a row while requests were decoding
+        self._retracted: list[str] = []  # by this tick's schedule
+
+    @property
+    def ratio(self) -> NewTokenRatio:
+        return self.decode.ratio
 
     # ---- intake -------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.chunked_req or self.decode.running or self.inflight)
+        return self.prefill.runnable or self.decode.runnable or self.inflight.launched is not None
 
     def live_requests(self) -> list[Req]:
-        """Requests holding (or about to hold) KV pages and slots."""
-        return list(self._by_rid.values()) + self._deferred
+        """Requests holding (or about to hold) KV pages and rows."""
+        return list(self._requests.values()) + self.inflight.deferred
 
     def handle(self, msg: object) -> None:
         if isinstance(msg, TokenizedGenerateReq):
             self.add_request(msg)
         elif isinstance(msg, AbortReq):
             self.abort(msg.rid)
+        elif isinstance(msg, StopReq):
+            if (req := self._requests.get(msg.rid)) is not None:
+                self._finish(req, FinishReason("stop", matched_str=msg.matched_str))
         else:
             logger.warning("scheduler ignored an unknown message %s", type(msg).__name__)
 
@@ -132,102 +135,192 @@ class Scheduler:
             eos_token_ids=self.eos_token_ids,
             generator=torch.Generator().manual_seed(seed),
         )
-        if msg.rid in self._by_rid:
-            req.finish(FinishReason("abort", message=f"duplicate request id {msg.rid}"))
-            self._outbox.append(req)
-            return
         room = self.config.context_len - len(req.input_ids)
-        if not req.input_ids or room < 1:
-            req.finish(
-                FinishReason(
-                    "abort",
-                    message=f"prompt of {len(req.input_ids)} tokens does not fit the context "
-                    f"length {self.config.context_len}",
-                )
+        problem = ""
+        if msg.rid in self._requests:
+            problem = f"duplicate request id {msg.rid}"
+        elif not req.input_ids or room < 1:
+            problem = (
+                f"prompt of {len(req.input_ids)} tokens does not fit the context length "
+                f"{self.config.context_len}"
             )
-            logger.info("request rejected rid=%s reason=%s", req.rid, req.finish_reason.message)
+        if problem:
+            req.finish(FinishReason("abort", message=problem))
+            logger.info("request rejected rid=%s reason=%s", req.rid, problem)
             self._outbox.append(req)
             return
-        if sp.max_new_tokens > room:
-            sp.max_new_tokens = room
-        self._by_rid[req.rid] = req
-        self.waiting.append(req)
+        sp.max_new_tokens = min(sp.max_new_tokens, room)
+        self._requests[req.rid] = req
+        self.prefill.add(req)
 
     def abort(self, rid: str) -> None:
-        req = self._by_rid.get(rid)
+        req = self._requests.get(rid)
         if req is not None:
             self._finish(req, FinishReason("abort", message="aborted by the client"))
 
-    # ---- one tick -----------------------------------------------------------------------
+    # ---- the two loops ------------------------------------------------------------------
     def step(self) -> TickResult | None:
         """Normal loop: choose a batch, run it and process its result. None when idle."""
         t0 = time.perf_counter()
-        batch, retracted = self._schedule(allow_retract=True)
+        batch = self._schedule(allow_retract=True)
         t1 = time.perf_counter()
         if not isinstance(batch, ScheduledBatch):
             self.on_idle()
             self.timing.add(idle=t1 - t0)
             return None
-        result = self._launch(batch).result()
-        t2 = time.perf_counter()
-        self._process_result(batch, result.output)
-        self.timing.add(schedule=t1 - t0, forward=result.forward_seconds,
-                        process=time.perf_counter() - t2, wait=t2 - t1 - result.forward_seconds)
-        return TickResult(batch.mode, [r.rid for r in batch.reqs], batch.num_tokens, retracted)
+        self._launch(batch)
+        self.timing.add(schedule=t1 - t0, launch=time.perf_counter() - t1)
+        self._complete(self.inflight.take())
+        return self._tick_result(batch)
 
     def step_overlap(self) -> TickResult | None:
         """Overlap loop: launch the next batch, then process the previous one's result."""
         t0 = time.perf_counter()
-        batch, retracted = self._schedule(allow_retract=self.inflight is None)
+        batch = self._schedule(allow_retract=self.inflight.launched is None)
         if batch is NEED_SYNC:
-            self._complete(self._take_inflight())
-            batch, retracted = self._schedule(allow_retract=True)
+            self._complete(self.inflight.take())
+            batch = self._schedule(allow_retract=True)
         t1 = time.perf_counter()
-        previous = self._take_inflight()
+        previous = self.inflight.take()
         if isinstance(batch, ScheduledBatch):
-            self.inflight = InFlight(batch, self._launch(batch))
+            self._launch(batch)
         t2 = time.perf_counter()
-        if previous is not None:
-            self._complete(previous)  # records wait, forward and process time
+        self._complete(previous)
         if not isinstance(batch, ScheduledBatch):
             if previous is None:
                 self.on_idle()
             self.timing.add(idle=t1 - t0)
             return None
         self.timing.add(schedule=t1 - t0, launch=t2 - t1)
-        return TickResult(batch.mode, [r.rid for r in batch.reqs], batch.num_tokens, retracted)
+        return self._tick_result(batch)
 
-    def drain_inflight(self) -> None:
-        """Process the in-flight batch's result, if any (overlap loop)."""
-        self._complete(self._take_inflight())
+    # ---- choosing a batch ---------------------------------------------------------------
+    def _schedule(self, allow_retract: bool) -> ScheduledBatch | NeedSync | None:
+        self._retracted = []
+        decoding = self.decode.runnable
+        mixed = self.config.mixed_chunk
+        prefill: PrefillBatch | None = None
+        if not mixed and not (decoding and self._prefill_streak >= self.config.max_prefill_streak):
+            prefill = self._schedule_prefill(self.config.max_prefill_tokens)
+            if prefill is not None or not decoding:
+                self._prefill_streak = self._prefill_streak + 1 if decoding and prefill else 0
+                return self._batch(None, prefill)
+        decode = self.decode.schedule(self.inflight.tokens_in_flight, allow_retract) if decoding else None
+        if decode is NEED_SYNC:
+            return NEED_SYNC
+        assert not isinstance(decode, NeedSync)
+        if decode is not None:
+            self._after_decode_schedule(decode)
+        if mixed and (decode is None or decode.retraction is None):
+            rows = len(decode.reqs) if decode is not None else 0
+            budget = self.config.chunk_size - rows if rows else self.config.max_prefill_tokens
+            prefill = self._schedule_prefill(budget)
+        self._prefill_streak = 0
+        return self._batch(decode, prefill)
 
-    def _take_inflight(self) -> InFlight | None:
-        inflight, self.inflight = self.inflight, None
-        return inflight
+    def _schedule_prefill(self, token_budget: int) -> PrefillBatch | None:
+        budget = PrefillBudget(token_budget, self.decode.reserved_tokens())
+        batch = self.prefill.schedule(budget)
+        if batch is None:
+            if self.prefill.chunked is not None and not self.decode.runnable and not self.inflight.launched:
+                stuck = self.prefill.abort_stuck_chunk()
+                assert stuck is not None
+                self._finish(stuck, FinishReason("abort", message="KV pool exhausted"))
+            return None
+        now = time.time()
+        for req, start in zip(batch.reqs, batch.starts, strict=True):
+            if req in batch.admitted:
+                req.cached_tokens = start
+                self.counters.prompt_tokens += len(req.input_ids)
+                self.counters.cached_prompt_tokens += start
+                self._queue_times.append(max(0.0, now - req.arrival_time))
+        # prompts completing here decode next; their first token is sampled by this batch
+        self.decode.add([r for r, done in zip(batch.reqs, batch.complete, strict=True) if done])
+        return batch
 
-    def _launch(self, batch: ScheduledBatch) -> Future[ForwardResult]:
-        rows = self._sampling_rows(batch)
-        for req, sampled in zip(batch.reqs, batch.sample_mask, strict=True):
-            if sampled:
-                req.pending_tokens += 1
-        return self.executor.submit(batch, rows)
+    def _after_decode_schedule(self, decode: DecodeRows) -> None:
+        for req in decode.given_up:
+            self._finish(req, FinishReason("abort", message="the KV pool cannot hold this request"))
+            logger.warning("request aborted rid=%s reason=kv-pool-too-small", req.rid)
+        r = decode.retraction
+        if r is None or not r.reqs:
+            return
+        self._retracted = [q.rid for q in r.reqs]
+        self.counters.retractions_total += len(r.reqs)
+        self.counters.retracted_tokens_total += r.freed_tokens
+        self.prefill.requeue_front(r.reqs)
+        logger.info(
+            "retracted requests=%d tokens=%d running=%d new_token_ratio=%.3f->%.3f",
+            len(r.reqs), r.freed_tokens, len(self.decode.running), r.ratio_before, r.ratio_after,
+        )
 
-    def _complete(self, inflight: InFlight | None) -> None:
-        if inflight is None:
+    @staticmethod
+    def _batch(decode: DecodeRows | None, prefill: PrefillBatch | None) -> ScheduledBatch | None:
+        reqs = list(decode.reqs) if decode is not None else []
+        n = len(reqs)
+        starts = [r.kv_len - 1 for r in reqs]
+        lens = [1] * n
+        sample = [True] * n
+        if prefill is not None:
+            reqs += prefill.reqs
+            starts += prefill.starts
+            lens += prefill.lens
+            sample += prefill.complete
+        return ScheduledBatch(reqs, starts, lens, sample, n) if reqs else None
+
+    # ---- running and processing ---------------------------------------------------------
+    def _launch(self, batch: ScheduledBatch) -> None:
+        fi = forward_input(batch, self.cache, self.eos_token_ids, self.inflight.tokens_in_flight)
+        result: Future[ForwardOutput] = self.executor.submit(fi)
+        self.inflight.launch(batch, result)
+
+    def _complete(self, launched: Launched | None) -> None:
+        if launched is None:
             return
         t0 = time.perf_counter()
-        result = inflight.result.result()
+        out = launched.result.result()
         t1 = time.perf_counter()
-        self._process_result(inflight.batch, result.output)
-        self.timing.add(wait=t1 - t0, forward=result.forward_seconds, process=time.perf_counter() - t1)
-        still_used = set(map(id, self.inflight.batch.reqs)) if self.inflight else set()
-        keep = []
-        for req in self._deferred:
-            if id(req) in still_used:
-                keep.append(req)
+        self._process_result(launched.batch, out)
+        self.timing.add(wait=t1 - t0, forward=out.forward_seconds, process=time.perf_counter() - t1)
+        self.inflight.release_unused(self.cache)
+
+    def _process_result(self, batch: ScheduledBatch, out: ForwardOutput) -> None:
+        sampled = iter(zip(out.token_ids, out.logprobs, strict=True))
+        for i, req in enumerate(batch.reqs):
+            if i >= batch.num_decode and not req.is_finished:
+                # a computed prompt (or chunk) is shareable at once, not only when it finishes
+                self.cache.cache_unfinished(req, batch.starts[i] + batch.lens[i])
+            if not batch.sample[i]:  # an intermediate chunk samples no token
+                continue
+            token, logprob = next(sampled)
+            if req.is_finished:  # finished or aborted while this forward ran: drop the token
+                continue
+            req.output_ids.append(token)
+            if req.sampling.logprobs:
+                req.output_logprobs.append(logprob if logprob is not None else 0.0)
+            self.counters.generated_tokens += 1
+            req.check_finished_after(token)
+            if not req.is_finished and self.stop_matcher and req.sampling.stop:
+                self.stop_matcher.check(req)
+            if req.is_finished:
+                self._finish(req, req.finish_reason)
             else:
-                self.cache.release(req)
-        self._deferred = keep
+                self._outbox.append(req)
+
+    def _finish(self, req: Req, reason: FinishReason | None) -> None:
+        """End a request wherever it is; its row and pages go back exactly once (after the
+        in-flight batch, if that batch still uses them)."""
+        req.finish(reason or FinishReason("abort"))
+        if not self.prefill.remove(req):
+            self.decode.remove(req)
+        self._requests.pop(req.rid, None)
+        self._outbox.append(req)
+        self.inflight.release_or_defer(req, self.cache)
+
+    # ---- reporting ----------------------------------------------------------------------
+    def _tick_result(self, batch: ScheduledBatch) -> TickResult:
+        rids = [r.rid for r in batch.reqs]
+        return TickResult(batch.mode, rids, batch.num_tokens, self._retracted, batch.num_decode)
 
     def take_output(self) -> BatchTokenIDOut | None:
         """Tokens generated (and requests finished) since the last call, for the detokenizer."""
@@ -241,8 +334,8 @@ class Scheduler:
         used = total - self.cache.available_size
         c = self.counters
         return SchedulerStats(
-            queue_requests=len(self.waiting),
-            running_requests=len(self.decode.running) + (1 if self.chunked_req else 0),
+            queue_requests=len(self.prefill.waiting),
+            running_requests=len(self.decode.running) + (1 if self.prefill.chunked else 0),
             kv_token_usage=used / total if total else 0.0,
             new_token_ratio=self.ratio.value,
             retractions_total=c.retractions_total,
@@ -260,161 +353,12 @@ class Scheduler:
         return times
 
     def check_integrity(self) -> None:
-        self.cache.check_integrity(self.live_requests())
-
-    # ---- choosing a batch ---------------------------------------------------------------
-    def _schedule(self, allow_retract: bool) -> tuple[ScheduledBatch | _NeedSync | None, list[str]]:
-        batch = self._schedule_prefill()
-        if batch is not None:
-            return batch, []
-        return self._schedule_decode(allow_retract)
-
-    def _schedule_prefill(self) -> ScheduledBatch | None:
-        if not self.waiting and self.chunked_req is None:
-            return None
-        adder = PrefillAdder(
-            cache=self.cache,
-            token_budget=self.config.max_prefill_tokens,
-            chunk_size=self.config.chunk_size,
-            running_reserved=self.decode.reserved_tokens(self.ratio.value),
-        )
-        self._ticks += 1
-        candidates = ([self.chunked_req] if self.chunked_req else []) + order_waiting(
-            self.waiting, self.config.policy, self.cache.radix, self._ticks
-        )
-        prefix_lens: list[int] = []
-        slots: list[torch.Tensor] = []
-        for req in candidates:
-            result = adder.try_add(req)
-            if result not in (AddResult.ADDED, AddResult.CHUNKED):
-                break
-            start = req.kv_len
-            if req.state is ReqState.WAITING and req.retractions == 0:
-                req.cached_tokens = start
-            loc = self.cache.extend(req, start + adder.extend_lens[-1])
-            if loc is None:  # the pool is shorter than the estimate said: stop here
-                adder.reqs.pop()
-                adder.extend_lens.pop()
-                if req is not self.chunked_req:
-                    self.cache.release(req)
-                break
-            prefix_lens.append(start)
-            slots.append(loc)
-            if result is AddResult.CHUNKED:
-                break
-        if not adder.reqs:
-            if self.chunked_req is not None and not self.decode.running:
-                self._finish(self.chunked_req, FinishReason("abort", message="KV pool exhausted"))
-                self.chunked_req = None
-            return None
-        for req in adder.reqs:
-            if req in self.waiting:
-                self.waiting.remove(req)
-                if req.retractions == 0:
-                    self.counters.prompt_tokens += len(req.input_ids)
-                    self.counters.cached_prompt_tokens += req.cached_tokens
-                    self._queue_times.append(max(0.0, time.time() - req.arrival_time))
-            req.state = ReqState.PREFILLING
-        self.chunked_req = adder.chunked
-        mask = [r is not adder.chunked for r in adder.reqs]
-        # prompts completing here decode next; their first token is read as a future
-        self.decode.add([r for r, sampled in zip(adder.reqs, mask, strict=True) if sampled])
-        return ScheduledBatch(
-            ForwardMode.EXTEND, list(adder.reqs), prefix_lens, list(adder.extend_lens), torch.cat(slots), mask
-        )
-
-    def _schedule_decode(self, allow_retract: bool) -> tuple[ScheduledBatch | _NeedSync | None, list[str]]:
-        # a request whose last token is in flight may finish with it: do not run past that
-        reqs = [r for r in self.decode.running if r.generated < r.sampling.max_new_tokens]
-        if not reqs:
-            return None, []
-        short = self.cache.decode_pages_needed(reqs) * self.cache.page_size > self.cache.available_size
-        if short and not allow_retract:
-            return NEED_SYNC, []
-        retracted = self.decode.retract_until_fits() if short else []
-        if retracted:
-            freed = sum(r.seq_len for r in retracted)
-            before = self.ratio.value
-            self.ratio.after_retraction(self.decode.running)
-            self.counters.retractions_total += len(retracted)
-            self.counters.retracted_tokens_total += freed
-            self.waiting[:0] = retracted
-            logger.info(
-                "retracted requests=%d tokens=%d running=%d new_token_ratio=%.3f->%.3f",
-                len(retracted), freed, len(self.decode.running), before, self.ratio.value,
-            )
-        else:
-            self.ratio.step()
-        reqs = [r for r in self.decode.running if r.generated < r.sampling.max_new_tokens]
-        prefix_lens, slots = [], []
-        for req in reqs:
-            prefix_lens.append(req.kv_len)
-            loc = self.cache.extend(req, req.kv_len + 1)
-            if loc is None:  # a lone request larger than the pool: cannot happen after clipping
-                raise RuntimeError(f"KV pool cannot hold request {req.rid}")
-            slots.append(loc)
-        batch = ScheduledBatch(
-            ForwardMode.DECODE, reqs, prefix_lens, [1] * len(reqs), torch.cat(slots), [True] * len(reqs)
-        )
-        return batch, [r.rid for r in retracted]
-
-    def _sampling_rows(self, batch: ScheduledBatch) -> list[SamplingRow]:
-        rows = []
-        for req, sample in zip(batch.reqs, batch.sample_mask, strict=True):
-            banned: tuple[int, ...] = ()
-            if sample and req.generated < req.sampling.min_new_tokens:
-                banned = tuple(sorted(set(req.sampling.stop_token_ids) | (
-                    set() if req.sampling.ignore_eos else set(self.eos_token_ids))))
-            row = SamplingRow(req.sampling, req.input_ids, [], req.generator, banned)
-            if needs_history(row):  # a snapshot: the list grows while the forward runs
-                row = SamplingRow(req.sampling, req.input_ids, list(req.output_ids), req.generator, banned)
-            rows.append(row)
-        return rows
-
-    # ---- processing the result ----------------------------------------------------------
-    def _process_result(self, batch: ScheduledBatch, out: SampleOutput) -> None:
-        for i, req in enumerate(batch.reqs):
-            if batch.mode is ForwardMode.EXTEND and not req.is_finished:
-                # a computed prompt (or chunk) is shareable at once, not only when it finishes
-                self.cache.cache_unfinished(req, batch.prefix_lens[i] + batch.extend_lens[i])
-            if not batch.sample_mask[i]:  # an intermediate chunk emits no token
-                continue
-            req.pending_tokens -= 1
-            if req.is_finished:  # finished or aborted while this forward ran: drop the token
-                continue
-            token = out.token_ids[i]
-            req.output_ids.append(token)
-            if req.sampling.logprobs:
-                req.output_logprobs.append(out.logprobs[i] if out.logprobs[i] is not None else 0.0)
-            self.counters.generated_tokens += 1
-            req.check_finished_after(token)
-            if not req.is_finished and self.stop_matcher and req.sampling.stop:
-                self.stop_matcher.check(req)
-            if req.is_finished:
-                self._finish(req, req.finish_reason)
-            else:
-                self._outbox.append(req)
-
-    def _finish(self, req: Req, reason: FinishReason | None) -> None:
-        """End a request in any state; its slot and pages go back exactly once (after the
-        in-flight batch, if that batch still uses them)."""
-        req.finish(reason or FinishReason("abort"))
-        if req in self.waiting:
-            self.waiting.remove(req)
-        if req is self.chunked_req:
-            self.chunked_req = None
-        if req in self.decode.running:
-            self.decode.remove(req)
-        self._by_rid.pop(req.rid, None)
-        self._outbox.append(req)
-        if self.inflight is not None and any(r is req for r in self.inflight.batch.reqs):
-            self._deferred.append(req)
-        else:
-            self.cache.release(req)
+        self.executor.wait_idle()  # the device tables are compared too
+        self.cache.check_integrity(self.live_requests(), self.executor.worker.device_row)
 
     def on_idle(self) -> None:
         """With nothing left to run: reset new_token_ratio and check the books."""
-        if not self.has_work and not self._deferred:
+        if not self.has_work and not self.inflight.deferred:
             self.ratio.reset()
             if self.config.check_integrity_when_idle:
                 self.check_integrity()

@@ -18,13 +18,13 @@ class StopStringMatcher:
     tokens; older matches were found earlier. (The detokenizer checks the full text too.)
     """
 
-    decode_text: Callable[[list[int]], str]
+    decode_text: Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text
 
     def check(self, req: Req) -> None:
         if len(req.output_ids) < req.sampling.min_new_tokens:
             return
         window = 4 * max(len(s) for s in req.sampling.stop) + 1
-        tail = self.decode_text(req.output_ids[-window:])
+        tail = self.decode_text(req.output_ids[-window:], req.sampling.skip_special_tokens)
         for stop in req.sampling.stop:
             if stop and stop in tail:
                 req.finish(FinishReason("stop", matched_str=stop))
