@@ -38,12 +38,16 @@ def test_batch_of_32_in_any_order_matches_alone(make_harness, alone):
 
 
 def test_chunked_prefill_matches_alone(make_harness, alone):
-    h = make_harness(enable_deterministic_inference=True, chunked_prefill_size=8, max_prefill_tokens=8)
+    h = make_harness(
+        enable_deterministic_inference=True, chunked_prefill_size=8, max_prefill_tokens=8
+    )
     assert run_all(h, range(32)) == alone
 
 
 def test_retraction_under_a_tiny_pool_matches_alone(make_harness, alone):
-    h = make_harness(enable_deterministic_inference=True, max_total_tokens=256, max_running_requests=16)
+    h = make_harness(
+        enable_deterministic_inference=True, max_total_tokens=256, max_running_requests=16
+    )
     assert run_all(h, range(32)) == alone
     assert h.scheduler.counters.retractions_total > 0
 
@@ -52,7 +56,9 @@ def test_seeded_sampling_is_reproducible_across_batches(make_harness):
     params = dict(temperature=0.9, top_p=0.9, top_k=50, seed=1234)
     solo = make_harness(enable_deterministic_inference=True)
     first = run_all(solo, [3], **params)[3]
-    crowd = make_harness(enable_deterministic_inference=True, max_total_tokens=256, max_running_requests=16)
+    crowd = make_harness(
+        enable_deterministic_inference=True, max_total_tokens=256, max_running_requests=16
+    )
     for i in range(32):
         if i != 3:
             crowd.submit(f"p{i}", PROMPTS[i], max_new_tokens=NEW, ignore_eos=True)

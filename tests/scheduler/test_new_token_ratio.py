@@ -30,7 +30,9 @@ def test_ratio_resets_to_init():
 def _survivors(*progress: tuple[int, int]) -> list[Req]:
     out = []
     for generated, max_new in progress:
-        r = Req(rid=str(generated), input_ids=[1, 2], sampling=SamplingParams(max_new_tokens=max_new))
+        r = Req(
+            rid=str(generated), input_ids=[1, 2], sampling=SamplingParams(max_new_tokens=max_new)
+        )
         r.output_ids = [5] * generated
         out.append(r)
     return out
@@ -50,7 +52,9 @@ def test_ratio_after_retraction_clips_huge_max_tokens_and_never_drops():
     ratio = NewTokenRatio(init=0.7)
     ratio.value = 0.3
     ratio.after_retraction(_survivors((3000, 30_000), (1000, 30_000)))
-    assert ratio.value == pytest.approx((4000 + 2 * RETRACT_DECODE_STEPS) / (2 * CLIP_MAX_NEW_TOKENS))
+    assert ratio.value == pytest.approx(
+        (4000 + 2 * RETRACT_DECODE_STEPS) / (2 * CLIP_MAX_NEW_TOKENS)
+    )
     high = NewTokenRatio(init=0.7)
     high.after_retraction(_survivors((1, 100)))  # estimate 0.21 < 0.7: a retraction never lowers it
     assert high.value == 0.7

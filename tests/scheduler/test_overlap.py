@@ -8,7 +8,9 @@ PROMPTS = [[5 + (i * 11 + j * 3) % 170 for j in range(5 + (i * 7) % 29)] for i i
 
 
 def run(make_harness, overlap: bool, submit, **args):
-    h = make_harness(enable_deterministic_inference=True, disable_overlap_schedule=not overlap, **args)
+    h = make_harness(
+        enable_deterministic_inference=True, disable_overlap_schedule=not overlap, **args
+    )
     submit(h)
     h.run_until_idle()
     assert not h.scheduler.inflight.deferred
@@ -30,7 +32,9 @@ def many(**sampling):
 
 
 def test_single_request(make_harness):
-    n, o = both(make_harness, lambda h: h.submit("one", PROMPTS[0], max_new_tokens=17, ignore_eos=True))
+    n, o = both(
+        make_harness, lambda h: h.submit("one", PROMPTS[0], max_new_tokens=17, ignore_eos=True)
+    )
     assert o.outputs == n.outputs and len(o.outputs["one"]) == 17
 
 
@@ -41,9 +45,15 @@ def test_heavy_concurrency(make_harness):
 
 
 def test_seeded_sampling(make_harness):
-    n, o = both(make_harness, many(temperature=0.8, top_p=0.95, seed=7, repetition_penalty=1.2,
-                                    frequency_penalty=0.3), max_running_requests=24)  # fmt: skip
+    # penalties read the token still in flight in the overlap loop; greedy penalties are
+    # checked against transformers in test_penalty_oracle.py, this is the sampled case
+    sampled = dict(temperature=0.8, top_p=0.95, seed=7)
+    penalised = dict(sampled, repetition_penalty=1.2, frequency_penalty=0.3)
+    n, o = both(make_harness, many(**penalised), max_running_requests=24)
     assert o.outputs == n.outputs
+    plain = run(make_harness, True, many(**sampled), max_running_requests=24)
+    changed = sum(plain.outputs[k] != o.outputs[k] for k in o.outputs)
+    assert changed >= len(o.outputs) // 2  # the penalties do change what users get
 
 
 def test_chunked_prefill(make_harness):
@@ -52,7 +62,9 @@ def test_chunked_prefill(make_harness):
 
 
 def test_forced_retraction(make_harness):
-    n, o = both(make_harness, many(max_new_tokens=40), max_total_tokens=160, max_running_requests=24)
+    n, o = both(
+        make_harness, many(max_new_tokens=40), max_total_tokens=160, max_running_requests=24
+    )
     assert o.outputs == n.outputs
     assert o.scheduler.counters.retractions_total > 0
 
@@ -65,7 +77,9 @@ def test_max_tokens_boundary_drops_the_extra_token(make_harness):
 
 
 def test_eos_in_flight_drops_the_extra_token(make_harness):
-    probe = run(make_harness, False, lambda h: h.submit("p", PROMPTS[3], max_new_tokens=6, ignore_eos=True))
+    probe = run(
+        make_harness, False, lambda h: h.submit("p", PROMPTS[3], max_new_tokens=6, ignore_eos=True)
+    )
     stop = probe.outputs["p"][2]  # the third greedy token ends the request below
 
     def submit(h):
@@ -77,7 +91,9 @@ def test_eos_in_flight_drops_the_extra_token(make_harness):
 
 
 def test_stop_strings(make_harness):
-    probe = run(make_harness, False, lambda h: h.submit("p", PROMPTS[5], max_new_tokens=8, ignore_eos=True))
+    probe = run(
+        make_harness, False, lambda h: h.submit("p", PROMPTS[5], max_new_tokens=8, ignore_eos=True)
+    )
     text = probe.worker.decode_text(probe.outputs["p"])
     stop = text[len(text) // 2 : len(text) // 2 + 2]
     if not stop.strip():

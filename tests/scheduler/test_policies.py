@@ -93,7 +93,11 @@ def test_retracted_requests_stay_at_the_head_under_every_policy():
     cache = cache_with(list(range(100, 150)))
     back = req("retracted", [9] * 40, max_new=1)
     back.retractions = 1
-    q = [back, req("hit", list(range(100, 150)) + [1], max_new=64), req("other", [3] * 8, max_new=32)]
+    q = [
+        back,
+        req("hit", list(range(100, 150)) + [1], max_new=64),
+        req("other", [3] * 8, max_new=32),
+    ]
     for policy in ("fcfs", "lof", "random", "lpm", "dfs-weight"):
         assert rids(order_waiting(q, PolicyConfig(policy), cache, 0))[0] == "retracted", policy
 

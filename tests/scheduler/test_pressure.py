@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sluice.runtime.model.forward_batch import ForwardMode
 
 EXTEND, DECODE = ForwardMode.EXTEND, ForwardMode.DECODE
@@ -67,9 +69,18 @@ def test_retraction_raises_new_token_ratio_and_logs(make_harness, caplog):
         h.submit(f"r{i}", [5 + i, 6, 7, 8], max_new_tokens=24, ignore_eos=True)
     with caplog.at_level("INFO", logger="sluice.scheduler"):
         while not any(t.retracted for t in h.ticks):
+            before = h.scheduler.ratio.value
             h.step()
-    assert any("retracted requests=" in m for m in caplog.messages)
-    assert h.scheduler.ratio.value > h.scheduler.ratio.floor
+    (line,) = [m for m in caplog.messages if "retracted requests=" in m]
+    logged_before, logged_after = map(float, line.split("new_token_ratio=")[1].split("->"))
+    assert logged_before == pytest.approx(before, abs=1e-3)
+    # the survivors have used (decoded + 20 each) of their max_new_tokens: 24 each, clipped
+    survivors = list(h.scheduler.decode.running.values())
+    estimate = (sum(len(r.output_ids) for r in survivors) + 20 * len(survivors)) / (
+        24 * len(survivors)
+    )
+    assert logged_after == pytest.approx(min(1.0, max(before, estimate)), abs=1e-3)
+    assert logged_after > logged_before  # admission gets more careful after a retraction
     h.run_until_idle()
 
 

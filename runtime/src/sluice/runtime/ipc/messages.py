@@ -145,6 +145,8 @@ class SchedulerStats:
     max_total_tokens: int = 0
     free_tokens: int = 0
     cached_tokens: int = 0
+    prefill_batches_total: int = 0  # ticks that prefilled something
+    prefill_rows_total: int = 0  # requests (or chunks) those ticks prefilled
     # seconds from arrival to first admission, one per request admitted since the last message
     queue_times: list[float] = field(default_factory=list)
 

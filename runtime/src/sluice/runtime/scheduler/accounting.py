@@ -57,6 +57,8 @@ class Counters:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     generated_tokens: int = 0
+    prefill_batches: int = 0  # ticks that prefilled something
+    prefill_rows: int = 0  # requests (or chunks) those ticks prefilled
 
 
 def token_output(reqs: list[Req]) -> BatchTokenIDOut:

@@ -227,6 +227,8 @@ class Scheduler:
                 assert stuck is not None
                 self._finish(stuck, FinishReason("abort", message="KV pool exhausted"))
             return None
+        self.counters.prefill_batches += 1
+        self.counters.prefill_rows += len(batch.reqs)
         now = time.time()
         for req, start in zip(batch.reqs, batch.starts, strict=True):
             if req in batch.admitted:
@@ -344,6 +346,8 @@ class Scheduler:
             max_total_tokens=total,
             free_tokens=self.cache.available_size,
             cached_tokens=self.cache.cached_size,
+            prefill_batches_total=c.prefill_batches,
+            prefill_rows_total=c.prefill_rows,
         )
 
     def take_queue_times(self) -> list[float]:
