@@ -190,14 +190,13 @@ def burst_seen(prometheus, runtime) -> dict[str, float]:
                 "sluice_kv_token_usage",
             )
         }
-        return (
-            now
-            if now["sluice_running_requests"] == 4 and now["sluice_queue_requests"] >= 1
-            else None
+        held = (
+            now["sluice_running_requests"] == 4
+            and now["sluice_queue_requests"] >= 1
+            and now["sluice_kv_token_usage"] >= 4 * 205 / 1024
         )
+        return now if held else None  # an earlier scrape of the run, until Prometheus has this
 
-    # frozen once four have 200 tokens each (>= 4 x 205 of 1024 in use; the pool runs out at
-    # 251 each); the fifth request waits for a slot
     runtime.hold.pause()  # until all five are queued: one admission pass takes them
     runtime.hold.arm(200, 4)
     sender = threading.Thread(
