@@ -11,7 +11,12 @@ import torch
 
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
-from sluice.runtime.attention.registry import resolve_backend_name
+from sluice.runtime.attention.registry import create_attention_backend, resolve_backend_name
+from sluice.runtime.engine.cuda_graph import (
+    CudaGraphRunner,
+    capture_batch_sizes,
+    cuda_graph_disabled_reason,
+)
 from sluice.runtime.ipc.messages import SchedulerReady
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
@@ -41,15 +46,24 @@ def size_kv_pool(args: ServerArgs, device: str, per_token_bytes: int) -> int:
         return args.max_total_tokens
     if device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info()
-        used = total - free  # weights and the CUDA context are loaded by now
-        budget = args.mem_fraction_static * total - used
-        if budget <= 0:
-            raise RuntimeError(
-                f"--mem-fraction-static {args.mem_fraction_static} leaves no room for the KV pool "
-                f"({used / 2**30:.1f} GiB of {total / 2**30:.1f} GiB already in use)"
-            )
-        return int(budget // per_token_bytes)
+        return gpu_kv_pool_tokens(total, free, args.mem_fraction_static, per_token_bytes)
     return int(args.cpu_kv_cache_gib * 2**30 // per_token_bytes)
+
+
+def gpu_kv_pool_tokens(total_bytes: int, free_bytes: int, fraction: float, per_token_bytes: int) -> int:
+    """KV tokens that fit when weights plus KV pool may take `fraction` of the GPU.
+
+    Called after the weights, the CUDA context and the attention backend's workspace are
+    allocated (they are what is in use); CUDA graphs and activations live in the rest,
+    `1 - fraction` of the GPU."""
+    used = total_bytes - free_bytes
+    budget = fraction * total_bytes - used
+    if budget < per_token_bytes:
+        raise RuntimeError(
+            f"--mem-fraction-static {fraction} leaves no room for the KV pool "
+            f"({used / 2**30:.1f} GiB of {total_bytes / 2**30:.1f} GiB already in use)"
+        )
+    return int(budget // per_token_bytes)
 
 
 class ModelWorker:
@@ -60,9 +74,11 @@ class ModelWorker:
         if args.torch_threads > 0:
             torch.set_num_threads(args.torch_threads)
         torch.manual_seed(args.random_seed)
-        backend: str | AttentionBackend = args.attention_backend
-        if args.enable_deterministic_inference:
-            backend = BatchInvariantAttentionBackend()
+        backend: AttentionBackend = (
+            BatchInvariantAttentionBackend()
+            if args.enable_deterministic_inference
+            else create_attention_backend(args.attention_backend, self.device, page_size=args.page_size)
+        )
         self.model, self.model_config = load_model(Path(model_path), self.device, self.dtype, backend)
         self.tokenizer = load_tokenizer(Path(model_path))
         cfg = self.model_config
@@ -92,6 +108,22 @@ class ModelWorker:
             "KV pool: %d tokens, %.1f MiB (%d bytes/token, %s on %s)",
             total, self.kv.total_bytes / 2**20, per_token, self.dtype, self.device,
         )
+        self.graph_runner = self._capture_cuda_graphs(backend)
+
+    def _capture_cuda_graphs(self, backend: AttentionBackend) -> CudaGraphRunner | None:
+        """Decode CUDA graphs, captured once the pool is sized (so before the scheduler
+        reports ready and /health turns 200)."""
+        args = self.args
+        off = cuda_graph_disabled_reason(
+            self.device, backend, args.disable_cuda_graph, args.enable_deterministic_inference
+        )
+        if off is not None:
+            logger.info("decode CUDA graphs off: %s", off)
+            return None
+        sizes = capture_batch_sizes(args.cuda_graph_max_bs, args.max_running_requests)
+        runner = CudaGraphRunner(self.model, sizes)
+        runner.capture(self.req_pool.req_to_token, self.kv)
+        return runner
 
     @property
     def attention_backend_name(self) -> str:
@@ -144,7 +176,10 @@ class ModelWorker:
             for i, row in enumerate(rows):  # penalties must see the in-flight token too
                 if bool(placeholders[i]) and row.output_ids is not None and needs_history(row):
                     rows[i] = dataclasses.replace(row, output_ids=[*row.output_ids, resolved[i]])
-        logits = self.model.forward(fb)
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            logits = self.graph_runner.replay(fb)
+        else:
+            logits = self.model.forward(fb)
         keep = [i for i, s in enumerate(job.sample_mask) if s]
         n = len(job.sample_mask)
         tokens: list[int] = [-1] * n
