@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_model import PagedSession
 
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
 from sluice.runtime.engine.cuda_graph import (
@@ -15,10 +16,8 @@ from sluice.runtime.engine.cuda_graph import (
     cuda_graph_disabled_reason,
 )
 from sluice.runtime.engine.model_worker import gpu_kv_pool_tokens
-from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.kv_buffers import KVBuffers
-from sluice.runtime.memory.req_to_token import ReqToTokenPool
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.loader import load_model
 
 
@@ -71,40 +70,17 @@ def triton_model(tiny_llama_path):
     return model, config
 
 
-def _decode_batch(model, config, prompts: list[list[int]], page_size: int):
+def _decode_batch(model, prompts: list[list[int]], page_size: int) -> ForwardBatch:
     """Prefill `prompts`, then the decode batch of their next tokens (not yet run)."""
-    allocator = TokenToKVPoolAllocator(512, page_size, "cpu")
-    kv = KVBuffers(allocator.num_slots, config.num_hidden_layers, config.num_key_value_heads,
-                   config.head_dim, torch.float32, "cpu")  # fmt: skip
-    table = ReqToTokenPool(8, 64, "cpu")
-    rows, lens, locs = [], [], []
-    for prompt in prompts:
-        row = table.alloc()
-        pages = allocator.alloc_pages(allocator.pages_for(len(prompt) + 1))
-        table.write(row, 0, allocator.slots(pages, 0, len(prompt) + 1))
-        rows.append(row)
-        lens.append(len(prompt))
-        locs.append(table.req_to_token[row, : len(prompt)].long())
-
-    def batch(mode, ids, positions, loc, prefix, extend):
-        seq = [p + e for p, e in zip(prefix, extend, strict=True)]
-        t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
-        return ForwardBatch(mode, t(ids), t(positions), loc, t(rows), t(seq), t(prefix),
-                            t(extend), seq, prefix, extend, table.req_to_token, kv)  # fmt: skip
-
-    flat = [t for p in prompts for t in p]
-    positions = [i for p in prompts for i in range(len(p))]
-    logits = model.forward(batch(ForwardMode.EXTEND, flat, positions, torch.cat(locs),
-                                 [0] * len(prompts), lens))  # fmt: skip
-    next_ids = logits.argmax(-1).tolist()
-    decode_loc = torch.stack([table.req_to_token[r, n].long() for r, n in zip(rows, lens, strict=True)])
-    return batch(ForwardMode.DECODE, next_ids, lens, decode_loc, lens, [1] * len(prompts))
+    session = PagedSession(model, page_size=page_size, max_total_tokens=512, max_context=64)
+    reqs, logits = session.prefill(prompts)
+    return session.decode_batch(reqs, logits.argmax(-1).tolist())
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_a_batch_padded_to_its_bucket_gives_the_same_logits(triton_model, page_size):
-    model, config = triton_model
-    decode = _decode_batch(model, config, [[5, 6, 7, 8, 9], [10, 11], [12] * 20], page_size)
+    model, _ = triton_model
+    decode = _decode_batch(model, [[5, 6, 7, 8, 9], [10, 11], [12] * 20], page_size)
     kv_before = [t.clone() for t in decode.kv.k]
     eager = model.forward(decode)
     after_eager = [t.clone() for t in decode.kv.k]

@@ -104,3 +104,14 @@ def run_backend(backend: AttentionBackend, case: PagedCase) -> torch.Tensor:
     case.batch.kv.v[0].copy_(case.cache_v)
     backend.init_forward_metadata(case.batch)
     return backend.forward(case.q, case.k, case.v, 0, case.batch)
+
+
+def with_dtype(case: PagedCase, dtype: torch.dtype) -> PagedCase:
+    """The same case (same values, rounded once) with tensors and pool in `dtype`."""
+    b = case.batch
+    kv = KVBuffers(b.kv.num_slots, 1, b.kv.num_kv_heads, b.kv.head_dim, dtype, case.q.device)
+    kv.k[0].copy_(case.cache_k)
+    kv.v[0].copy_(case.cache_v)
+    batch = ForwardBatch(**{**b.__dict__, "kv": kv})
+    return PagedCase(batch, case.q.to(dtype), case.k.to(dtype), case.v.to(dtype),
+                     case.cache_k.to(dtype), case.cache_v.to(dtype))  # fmt: skip
