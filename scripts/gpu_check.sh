@@ -67,10 +67,13 @@ pytest_step() {  # NAME CAP FILE
     summary "$name: SKIPPED (out of time)"
     return
   fi
-  local verdict=PASS
+  local result verdict=PASS
+  result=$(pytest_result "$name")
   [ "$STEP_RC" -ne 0 ] && verdict=FAIL
   [ "$STEP_RC" -eq 124 ] && verdict="FAIL timed out"
-  summary "$name: $verdict (${STEP_S}s) $(pytest_result "$name")"
+  # on a GPU nothing should skip: a run that passed nothing proved nothing
+  [ "$verdict" = PASS ] && ! grep -q "passed" <<<"$result" && verdict="FAIL nothing ran"
+  summary "$name: $verdict (${STEP_S}s) ${result:-no pytest summary}"
 }
 
 # --- set-up -----------------------------------------------------------------------------
@@ -80,13 +83,16 @@ unset TRITON_INTERPRET
 ARCH=$("$PY" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())" 2>/dev/null || echo "")
 [ -n "$ARCH" ] && export FLASHINFER_CUDA_ARCH_LIST="$ARCH" TORCH_CUDA_ARCH_LIST="$ARCH"
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+SETUP_PROBLEMS=()
 if compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$WORK/site" .whl/*.whl || summary "setup: FAIL installing the carried wheels"
+      --target "$WORK/site" .whl/*.whl || SETUP_PROBLEMS+=("installing the carried wheels failed")
+else
+  SETUP_PROBLEMS+=("no .whl/ (run scripts/gpu_stage.sh and carry .whl)")
 fi
 export PYTHONPATH="$WORK/site:$REPO/runtime/src:$REPO/operator/src:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-"$PY" - <<'EOF' || summary "setup: FAIL importing the runtime"
+"$PY" - <<'EOF' || SETUP_PROBLEMS+=("the runtime does not import")
 import importlib, torch
 versions = {}
 for name in ("torch", "triton", "flashinfer", "transformers", "fastapi", "zmq"):
@@ -103,13 +109,17 @@ MODEL=${SLUICE_GPU_MODEL:-}
 if [ -z "$MODEL" ] || [ ! -f "$MODEL/config.json" ]; then
   MODEL="$WORK/smollm2-random"
   "$PY" scripts/gpu_prepare_model.py .gpu-model/smollm2 "$MODEL" \
-    || summary "setup: FAIL preparing the model (.gpu-model/smollm2 staged by scripts/gpu_stage.sh?)"
+    || SETUP_PROBLEMS+=("no model (carry .gpu-model from scripts/gpu_stage.sh, or set SLUICE_GPU_MODEL)")
   MODEL_KIND="SmolLM2-shaped, random weights"
 else
   MODEL_KIND="$MODEL"
 fi
 export SLUICE_GPU_MODEL="$MODEL" SLUICE_GPU_RESULTS="$WORK"
-summary "setup: PASS ($(( $(date +%s) - START ))s) model: $MODEL_KIND"
+if [ ${#SETUP_PROBLEMS[@]} -eq 0 ]; then
+  summary "setup: PASS ($(( $(date +%s) - START ))s) model: $MODEL_KIND"
+else
+  summary "setup: FAIL ($(( $(date +%s) - START ))s) $(IFS=';'; echo "${SETUP_PROBLEMS[*]}"); model: $MODEL_KIND"
+fi
 
 # --- checks -----------------------------------------------------------------------------
 pytest_step kernels 170 tests/gpu/test_gpu_kernels.py
@@ -118,7 +128,7 @@ pytest_step sampling 70 tests/gpu/test_gpu_sampling.py
 
 for backend in flashinfer triton; do
   name="decode_$backend"
-  if run_step "$name" 60 "$PY" -m benchmarks.decode_step --model "$MODEL" --backend "$backend" \
+  if run_step "$name" 50 "$PY" -m benchmarks.decode_step --model "$MODEL" --backend "$backend" \
       --batch-sizes 1,8,32,64,128,160 --context-len 512 --output-file "$WORK/$name.json"; then
     if [ "$STEP_RC" -eq 0 ]; then
       summary "$name: PASS (${STEP_S}s) $("$PY" -c "

@@ -1,12 +1,18 @@
-"""The whole model on the GPU (bf16) through each attention backend, and decode through
-captured CUDA graphs.
+"""The whole model on the GPU through each attention backend, and decode through captured
+CUDA graphs.
 
-- Greedy across backends: the torch backend generates greedily (the reference); triton and
-  flashinfer are teacher-forced along the same tokens, and wherever the reference's top
-  token wins by a clear margin they must pick it too. Their own free-running greedy output
-  is compared and reported; with a trained model (`SLUICE_GPU_MODEL_TRAINED=1`, real
-  SmolLM2) it must equal the reference token for token.
-- CUDA graphs: each decode step's replayed logits equal the eager forward's.
+Greedy across backends. The reference is the torch backend in fp32, generating greedily.
+Each backend in bf16 (torch included) is teacher-forced along the reference's tokens
+(chunked prefill, then decode steps); its logits' error against the reference must be
+within bf16's own: at most 1.5 times the torch backend's bf16 error (mean and 99th
+percentile). Each backend's free-running greedy tokens are compared with the torch bf16
+backend's and reported; with a trained model (`SLUICE_GPU_MODEL_TRAINED=1`, real
+SmolLM2), where logit margins dwarf bf16 noise, they must be equal.
+
+CUDA graphs run on a 4-layer model of the same shape (a deep random model amplifies
+bf16 rounding differences between GEMMs of different row counts past any useful
+tolerance): every replayed decode step equals the eager forward of the same padded batch,
+and is close to the unpadded batch's.
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ import torch
 from gpu_support import ON_CPU, backend_for
 from paged_model import PagedSession
 
-from sluice.runtime.engine.cuda_graph import CudaGraphRunner
+from sluice.runtime.engine.cuda_graph import CudaGraphRunner, bucket_for
 from sluice.runtime.model.loader import load_model
 
-STEPS = 8 if ON_CPU else 32
+STEPS = 6 if ON_CPU else 32
 CHUNK = 256
 TRAINED = os.environ.get("SLUICE_GPU_MODEL_TRAINED") == "1"
 TEXTS = [
@@ -40,95 +46,119 @@ def prompts(gpu_model_path):
 
     tok = AutoTokenizer.from_pretrained(gpu_model_path)
     ids = [tok(t)["input_ids"] for t in TEXTS]
-    return [p[: 64 if ON_CPU else 1000] for p in ids]
+    return [p[: 48 if ON_CPU else 1000] for p in ids]
 
 
 def _model(path, name, device, dtype, page_size):
-    model, config = load_model(path, device, dtype, backend_for(name, device, page_size))
+    model, _ = load_model(path, device, dtype, backend_for(name, device, page_size))
     return model
 
 
 def _session(model, device, dtype, page_size):
-    return PagedSession(model, page_size=page_size, max_total_tokens=16384, max_requests=16,
+    return PagedSession(model, page_size=page_size, max_total_tokens=16384, max_requests=32,
                         max_context=2048, device=device, dtype=dtype)  # fmt: skip
 
 
 @torch.inference_mode()
 def _run(model, prompts, device, dtype, page_size, forced=None):
-    """Prefill (chunked) then STEPS decode steps; greedy unless `forced` gives the tokens."""
+    """Chunked prefill, then STEPS decode steps: greedy, or along `forced` tokens.
+    Returns (tokens per step, fp32 logits `[steps + 1, requests, vocab]`)."""
     session = _session(model, device, dtype, page_size)
     reqs, logits = session.prefill(prompts, chunk=CHUNK)
-    all_logits, tokens = [logits], []
+    all_logits, tokens = [logits.float()], []
     for step in range(STEPS):
         nxt = forced[step] if forced is not None else logits.argmax(-1).tolist()
         tokens.append(nxt)
         logits = model.forward(session.decode_batch(reqs, nxt))
-        all_logits.append(logits)
-    return tokens, all_logits
+        all_logits.append(logits.float())
+    return tokens, torch.stack(all_logits)
 
 
-def _clear_decisions_agree(ref_logits, logits, margin: float) -> tuple[int, int]:
-    """(decisions with a clear reference margin, how many of them this backend shares)."""
-    clear = agree = 0
-    for ref, got in zip(ref_logits, logits, strict=True):
-        top2 = ref.float().topk(2, dim=-1).values
-        is_clear = (top2[:, 0] - top2[:, 1]) > margin
-        clear += int(is_clear.sum())
-        agree += int((is_clear & (ref.argmax(-1) == got.argmax(-1))).sum())
-    return clear, agree
+def _error(logits: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+    diff = (logits - reference).abs().flatten()
+    sample = diff[torch.randperm(diff.numel(), device=diff.device)[:1_000_000]]
+    return {"mean": diff.mean().item(), "p99": torch.quantile(sample, 0.99).item(),
+            "max": diff.max().item()}  # fmt: skip
+
+
+def _equal_prefix(tokens, reference) -> int:
+    """Greedy tokens equal to the reference's before each request's first difference."""
+    return sum(
+        next((s for s in range(len(reference)) if tokens[s][r] != reference[s][r]), len(reference))
+        for r in range(len(reference[0]))
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_greedy_is_the_same_across_backends(gpu_model_path, prompts, device, dtype, page_size):
     names = ["torch", "triton"] + ([] if ON_CPU else ["flashinfer"])
-    reference_model = _model(gpu_model_path, "torch", device, dtype, page_size)
-    ref_tokens, ref_logits = _run(reference_model, prompts, device, dtype, page_size)
-    del reference_model
-    report = {}
-    for name in names[1:]:
+    fp32 = _model(gpu_model_path, "torch", device, torch.float32, page_size)
+    ref_tokens, ref_logits = _run(fp32, prompts, device, torch.float32, page_size)
+    del fp32
+    report: dict[str, dict] = {}
+    free: dict[str, list] = {}
+    for name in names:
         model = _model(gpu_model_path, name, device, dtype, page_size)
-        _, forced_logits = _run(model, prompts, device, dtype, page_size, forced=ref_tokens)
-        clear, agree = _clear_decisions_agree(ref_logits, forced_logits, margin=0.5)
-        max_diff = max((a.float() - b.float()).abs().max().item()
-                       for a, b in zip(ref_logits, forced_logits, strict=True))  # fmt: skip
-        free_tokens, _ = _run(model, prompts, device, dtype, page_size)
-        same = sum(
-            next((s for s in range(STEPS) if free_tokens[s][r] != ref_tokens[s][r]), STEPS)
-            for r in range(len(prompts))
-        )
-        report[name] = {"clear_decisions": clear, "agreeing": agree, "max_logit_diff": max_diff,
-                        "greedy_tokens_equal_before_divergence": same,
+        _, forced = _run(model, prompts, device, dtype, page_size, forced=ref_tokens)
+        free[name], _ = _run(model, prompts, device, dtype, page_size)
+        report[name] = {"error_vs_fp32": _error(forced, ref_logits),
+                        "greedy_equal_to_fp32": _equal_prefix(free[name], ref_tokens),
+                        "greedy_equal_to_torch_bf16": _equal_prefix(free[name], free["torch"]),
                         "greedy_tokens": STEPS * len(prompts)}  # fmt: skip
         del model
-        assert clear > 0 and agree == clear, f"{name}: {report[name]}"
-        if TRAINED:
-            assert free_tokens == ref_tokens, f"{name} greedy differs: {report[name]}"
-    print(f"greedy across backends (page size {page_size}): {json.dumps(report)}")
+    print(f"\ngreedy across backends (page size {page_size}): {json.dumps(report, indent=1)}")
     if RESULTS:
         with open(os.path.join(RESULTS, f"greedy_page{page_size}.json"), "w") as f:
             json.dump(report, f, indent=1)
+    floor = report["torch"]["error_vs_fp32"]
+    for name in names[1:]:
+        err = report[name]["error_vs_fp32"]
+        for stat in ("mean", "p99"):
+            assert err[stat] <= 1.5 * floor[stat] + 1e-3, f"{name} {stat}: {err} vs torch {floor}"
+        if TRAINED:
+            assert free[name] == free["torch"], f"{name}: {report[name]}"
+
+
+@pytest.fixture(scope="module")
+def shallow_model_path(gpu_model_path, tmp_path_factory):
+    """The model's architecture and tokenizer with 4 layers of seeded random weights."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(gpu_model_path)
+    config.num_hidden_layers = 4
+    config.initializer_range = 0.08
+    folder = tmp_path_factory.mktemp("shallow")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (gpu_model_path / name).is_file():
+            shutil.copy(gpu_model_path / name, folder / name)
+    return folder
 
 
 @pytest.mark.parametrize("name", ["triton", "flashinfer"])
-def test_cuda_graph_decode_equals_eager(gpu_model_path, prompts, device, dtype, name):
+def test_cuda_graph_decode_equals_eager(shallow_model_path, prompts, device, dtype, name):
     if device != "cuda":
         pytest.skip("CUDA graphs need a GPU")
-    model = _model(gpu_model_path, name, device, dtype, 16)
+    model = _model(shallow_model_path, name, device, dtype, 16)
     session = _session(model, device, dtype, 16)
     with torch.inference_mode():
         reqs, logits = session.prefill(prompts + prompts[:1], chunk=CHUNK)  # 5 requests
         more, more_logits = session.prefill([p[:40] for p in prompts] * 3, chunk=CHUNK)
         runner = CudaGraphRunner(model, [1, 2, 4, 8, 16])
         runner.capture(session.table.req_to_token, session.kv)
-        last = {r: t for r, t in zip(reqs + more, torch.cat([logits, more_logits]).argmax(-1)
-                                     .tolist(), strict=True)}  # fmt: skip
-        # buckets 8 (5 requests padded), 1, then 16 (all 17 but one: 16 exactly)
+        last = dict(zip(reqs + more, torch.cat([logits, more_logits]).argmax(-1).tolist(),
+                        strict=True))  # fmt: skip
+        # buckets 8 (5 requests padded to 8), 1, then 16 exactly
         for use in [reqs] * 3 + [reqs[:1]] * 3 + [(reqs + more)[:16]] * 2:
             batch = session.decode_batch(use, [last[r] for r in use])
             assert runner.can_run(batch)
             eager = model.forward(batch)
-            replayed = runner.replay(batch)  # rewrites the same K/V, then attends
-            torch.testing.assert_close(replayed, eager, atol=5e-2, rtol=5e-2)
-            clear, agree = _clear_decisions_agree([eager], [replayed], margin=0.5)
-            assert agree == clear
+            bucket = bucket_for(batch.batch_size, runner.batch_sizes)
+            eager_padded = model.forward(runner._inputs.load(batch, bucket))[: len(use)]
+            replayed = runner.replay(batch)  # each rewrites the same K/V, then attends
+            torch.testing.assert_close(replayed, eager_padded, atol=1e-2, rtol=1e-2)
+            torch.testing.assert_close(replayed, eager, atol=1e-1, rtol=5e-2)
             last.update(zip(use, eager.argmax(-1).tolist(), strict=True))
