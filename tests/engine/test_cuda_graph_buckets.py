@@ -105,3 +105,16 @@ def test_a_batch_larger_than_its_bucket_is_refused():
     batch = inputs.view(inputs.template(table, kv), 4, [1, 1, 1, 1])
     with pytest.raises(ValueError, match="does not fit bucket 2"):
         inputs.load(batch, bucket=2)
+
+
+def test_cuda_graph_flags_parse_and_a_bad_max_bs_is_refused(capsys):
+    from sluice.runtime.cli import build_parser, main
+    from sluice.runtime.server_args import ServerArgs
+
+    args = ServerArgs.from_cli_args(build_parser().parse_args(["serve"]))
+    assert args.cuda_graph_max_bs == 160 and not args.disable_cuda_graph
+    flags = ["serve", "--disable-cuda-graph", "--cuda-graph-max-bs", "32"]
+    args = ServerArgs.from_cli_args(build_parser().parse_args(flags))
+    assert args.disable_cuda_graph and args.cuda_graph_max_bs == 32
+    assert main(["serve", "--cuda-graph-max-bs", "0"]) == 2
+    assert "--cuda-graph-max-bs must be >= 1" in capsys.readouterr().err
