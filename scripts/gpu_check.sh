@@ -78,7 +78,7 @@ pytest_step() {  # NAME CAP FILE
 
 # --- set-up -----------------------------------------------------------------------------
 export PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
+export TRITON_INTERPRET=0  # compiled kernels (tests/conftest.py would turn the interpreter on)
 # compile only for the GPU at hand (FlashInfer's JIT, any torch extension)
 ARCH=$("$PY" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())" 2>/dev/null || echo "")
 [ -n "$ARCH" ] && export FLASHINFER_CUDA_ARCH_LIST="$ARCH" TORCH_CUDA_ARCH_LIST="$ARCH"

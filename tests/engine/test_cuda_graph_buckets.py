@@ -60,10 +60,7 @@ def test_gpu_pool_takes_the_fraction_minus_what_is_in_use():
 
 @pytest.fixture(scope="module")
 def triton_model(tiny_llama_path):
-    import os
-
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
-    pytest.importorskip("triton")
+    pytest.importorskip("triton")  # under the interpreter (tests/conftest.py)
     from sluice.runtime.attention.triton.backend import TritonAttentionBackend
 
     model, config = load_model(tiny_llama_path, "cpu", torch.float32, TritonAttentionBackend())

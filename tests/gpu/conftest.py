@@ -1,7 +1,7 @@
 """GPU checks (`scripts/gpu_check.sh` runs them on an NVIDIA GPU); skipped without CUDA.
 
-Run them in a pytest process of their own: the CPU suite turns Triton's interpreter on
-(`tests/attention/conftest.py`), which would turn the compiled kernels off.
+The CPU suite turns Triton's interpreter on (`tests/conftest.py`, unless TRITON_INTERPRET is
+already set), which would turn the compiled kernels off: run them with TRITON_INTERPRET=0.
 
 `SLUICE_GPU_TESTS_DEVICE=cpu` runs what can run on the CPU (torch and Triton under the
 interpreter, fp32, smaller shapes) to check the tests themselves; FlashInfer cases skip.
@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not ON_CPU and not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
     elif not ON_CPU and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        skip = pytest.mark.skip(reason="TRITON_INTERPRET is on: run tests/gpu on their own")
+        skip = pytest.mark.skip(reason="TRITON_INTERPRET is on: run tests/gpu with TRITON_INTERPRET=0")
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.gpu)
