@@ -121,7 +121,7 @@ class ServerArgs:
         if self.cuda_graph_max_bs < 1:
             problems.append("--cuda-graph-max-bs must be >= 1")
         if self.attention_backend != "auto":
-            from sluice.runtime.attention.registry import backend_problem
+            from sluice.runtime.attention.availability import backend_problem
 
             problem = backend_problem(self.attention_backend, self.resolved_device)
             if problem is not None:
