@@ -7,7 +7,9 @@
 #   docker build --target operator -t sluice-operator:0.1.0 .
 #
 # runtime:  `sluice serve` with the `runtime` extra; DEVICE=cuda (default) adds the CUDA
-#           build of torch, Triton and FlashInfer (`gpu` extra) on an NVIDIA CUDA base;
+#           build of torch (with its Triton) and FlashInfer (`gpu` extra) on NVIDIA's CUDA
+#           devel image: FlashInfer compiles its kernels with nvcc at first use (the cache
+#           lands in HOME, the cache volume), during the warm-up before /health is 200;
 #           DEVICE=cpu installs torch from the CPU wheel index on plain Ubuntu. Both carry
 #           the bundled SmolLM2 model (samples/smollm2-cpu.yaml).
 # operator: the Kopf operator with the `operator` extra only (no torch), on slim Python.
@@ -16,7 +18,8 @@
 # a read-only root filesystem: the runtime writes only to /tmp and /var/cache/sluice.
 
 ARG PYTHON_IMAGE=python:3.12.11-slim-bookworm
-ARG CUDA_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
+# CUDA 13.0, the toolkit torch 2.13 is built with; devel: nvcc and headers for FlashInfer
+ARG CUDA_IMAGE=nvidia/cuda:13.0.0-devel-ubuntu24.04
 ARG CPU_IMAGE=ubuntu:24.04
 # cuda or cpu
 ARG DEVICE=cuda
@@ -73,7 +76,8 @@ ARG TORCH_VERSION=2.13.0
 # CUDA torch comes from PyPI (its default Linux wheel bundles the CUDA libraries); the CPU
 # variant from PyTorch's CPU wheel index
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
-ARG FLASHINFER_VERSION=0.7.4
+# the version scripts/gpu_check.sh proves (its wheel fits what a GPU check may carry)
+ARG FLASHINFER_VERSION=0.6.18.post1
 ARG SMOLLM2_VERSION=0.1.2
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -85,12 +89,13 @@ ENV DEBIAN_FRONTEND=noninteractive \
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Python 3.12 from Ubuntu 24.04. Triton compiles its launcher with gcc against Python.h at
-# run time, so the CUDA variant keeps gcc and python3-dev.
+# run time and FlashInfer's JIT needs a host C++ compiler, so the CUDA variant keeps gcc,
+# g++ and python3-dev.
 # DL3008 (unpinned apt packages): the versions are those of the pinned base image's
 # release; pinning them by hand breaks the build whenever Ubuntu publishes a security fix.
 # hadolint ignore=DL3008
 RUN packages=(python3 python3-venv ca-certificates) \
-    && if [ "$DEVICE" = cuda ]; then packages+=(python3-dev gcc libc6-dev); fi \
+    && if [ "$DEVICE" = cuda ]; then packages+=(python3-dev gcc g++ libc6-dev); fi \
     && apt-get update \
     && apt-get install -y --no-install-recommends "${packages[@]}" \
     && rm -rf /var/lib/apt/lists/*

@@ -85,6 +85,9 @@ class BenchArgs:
         f"else {hf_peer.DEFAULT_PEER_BATCH_SIZE}).",
     )
     peer_threads: int = option(0, "torch threads for the peer (0: every core this process may use).")
+    peer_device: str = option(
+        "cpu", "Where the peer runs: cpu (fp32) or cuda (bf16, the server's GPU).", ("cpu", "cuda")
+    )
 
     def validate(self) -> None:
         problems = []
@@ -230,8 +233,9 @@ def run_notes(
     notes = [f"The server and the peer ran one after another, not at the same time ({where})."]
     if peer_setup is not None:
         batch_size, threads = peer_setup
+        peer_where = "bf16 on the GPU" if args.peer_device == "cuda" else "fp32 on the CPU"
         notes.append(
-            f"Peer: transformers generate, fp32 on the CPU, {threads} torch threads, "
+            f"Peer: transformers generate, {peer_where}, {threads} torch threads, "
             f"static batches of {batch_size} in arrival order, left padding, greedy, "
             "each batch generating its longest request's length."
         )
@@ -276,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         batch_size = hf_peer.peer_batch_size(args.peer_batch_size, args.max_concurrency)
         threads = args.peer_threads or hf_peer.available_cores()
         peer_setup = (batch_size, threads)
-        batches = hf_peer.run_hf_peer(model_path, requests, batch_size, threads)
+        batches = hf_peer.run_hf_peer(
+            model_path, requests, batch_size, threads, device=args.peer_device
+        )
         peer_metrics = metrics.compute_peer_metrics(batches, batch_size)
         peer_rss = _process_peak_rss_mib()
         ratios = metrics.compare(served, peer_metrics)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,10 @@ import pytest
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
+# Triton kernels run under Triton's interpreter on the CPU. Triton decides at `@triton.jit`
+# time, and transformers may import Triton early, so this is set before anything else;
+# scripts/gpu_check.sh sets TRITON_INTERPRET=0 to run tests/gpu compiled.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 

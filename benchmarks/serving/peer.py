@@ -1,4 +1,5 @@
-"""The peer: Hugging Face transformers' own `generate`, static batching, fp32 on the CPU.
+"""The peer: Hugging Face transformers' own `generate`, static batching (fp32 on the CPU
+by default; `--peer-device cuda` runs it in bf16 on the GPU the server used).
 
 Same prompts and output lengths as the server run. Requests are batched in arrival order;
 a batch is left-padded and generated greedily for its longest request's output length
@@ -30,6 +31,13 @@ def peer_batch_size(requested: int, max_concurrency: int) -> int:
     return DEFAULT_PEER_BATCH_SIZE
 
 
+def peer_dtype(device: str):
+    """What the server runs on the same device (`--dtype auto`): bf16 on a GPU, fp32 on the CPU."""
+    import torch
+
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
 def available_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
@@ -42,6 +50,7 @@ def run_hf_peer(
     batch_size: int,
     threads: int,
     log: Callable[[str], None] = print,
+    device: str = "cpu",
 ) -> list[PeerBatch]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -50,11 +59,12 @@ def run_hf_peer(
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    dtype = peer_dtype(device)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
     model.eval()
 
     def generate(prompts: list[str], new_tokens: int) -> int:
-        enc = tokenizer(prompts, return_tensors="pt", padding=True)
+        enc = tokenizer(prompts, return_tensors="pt", padding=True).to(device)
         with torch.inference_mode():
             out = model.generate(
                 **enc,
@@ -69,7 +79,7 @@ def run_hf_peer(
     batches = plan_batches(len(requests), batch_size)
     log(
         f"peer: transformers generate, {len(batches)} batches of up to {batch_size}, "
-        f"fp32, {threads} torch threads"
+        f"{str(dtype).removeprefix('torch.')} on {device}, {threads} torch threads"
     )
     start = time.perf_counter()
     done = []

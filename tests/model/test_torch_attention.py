@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from sluice.runtime.attention.registry import create_attention_backend
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
 from sluice.runtime.memory.kv_buffers import KVBuffers
 from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -117,13 +116,3 @@ def test_padding_tokens_leave_the_real_ones_unchanged(mode: ForwardMode) -> None
     assert out.shape[0] == padded.num_tokens
     torch.testing.assert_close(out[: batch.num_tokens], unpadded)
     assert torch.equal(out[batch.num_tokens :], torch.zeros_like(out[batch.num_tokens :]))
-
-
-def test_auto_picks_torch_and_later_backends_say_not_yet() -> None:
-    assert isinstance(create_attention_backend("auto", "cpu"), TorchAttentionBackend)
-    assert isinstance(create_attention_backend("torch", "cpu"), TorchAttentionBackend)
-    for name in ("triton", "flashinfer"):
-        with pytest.raises(ValueError, match="not available yet"):
-            create_attention_backend(name, "cuda")
-    with pytest.raises(ValueError, match="unknown attention backend"):
-        create_attention_backend("xformers", "cpu")

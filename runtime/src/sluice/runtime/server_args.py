@@ -81,7 +81,16 @@ class ServerArgs:
     tensor_parallel_size: int = option(
         1, "GPUs one model replica is sharded over (this build runs 1; more is rejected)."
     )
-    attention_backend: str = option("auto", "Attention implementation.", C.ATTENTION_BACKENDS)
+    attention_backend: str = option(
+        "auto", "Attention implementation (auto: flashinfer on CUDA when installed, else "
+        "triton, else torch; torch on the CPU; triton on the CPU needs TRITON_INTERPRET=1).",
+        C.ATTENTION_BACKENDS,
+    )
+    cuda_graph_max_bs: int = option(
+        160, "Largest decode batch run through a captured CUDA graph (buckets 1, 2, 4, 8, "
+        "16, 24, ...; GPU, triton and flashinfer backends)."
+    )
+    disable_cuda_graph: bool = option(False, "Run decode eagerly: capture no CUDA graphs.")
     api_key: str = option("", f"Require this bearer token on the API (also ${C.ENV_API_KEY}).")
     random_seed: int = option(
         -1, "Seed of the seeds drawn for requests that give none (-1: fresh randomness at each "
@@ -122,6 +131,14 @@ class ServerArgs:
             problems.append("--max-total-tokens must be >= 0")
         if not 0.0 < self.mem_fraction_static < 1.0:
             problems.append("--mem-fraction-static must be in (0, 1)")
+        if self.cuda_graph_max_bs < 1:
+            problems.append("--cuda-graph-max-bs must be >= 1")
+        if self.attention_backend != "auto":
+            from sluice.runtime.attention.availability import backend_problem
+
+            problem = backend_problem(self.attention_backend, self.resolved_device)
+            if problem is not None:
+                problems.append(problem)
         if self.tensor_parallel_size != 1:
             problems.append(
                 "--tensor-parallel-size > 1 is not supported by this build yet; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import math
+from typing import ClassVar
 
 import torch
 
@@ -35,7 +36,16 @@ class AttentionBackend(abc.ABC):
 
     Slot 0 of the KV buffers is never allocated, so a backend may point padding at it.
     Backends hold no per-request state between forwards.
+
+    CUDA graphs (`supports_cuda_graph`): a decode forward through the backend may be
+    captured with static input tensors and replayed; `init_forward_metadata` must then do
+    no work that waits for the device and must not allocate host-dependent shapes.
+    Before the capture and before every replay the graph runner calls
+    `init_forward_metadata_for_graph` with the padded batch (real host-side lengths), for
+    host-side planning whose results land in buffers the captured kernels read.
     """
+
+    supports_cuda_graph: ClassVar[bool] = False
 
     def __init__(self, scale: float | None = None) -> None:
         self.scale = scale
@@ -57,3 +67,8 @@ class AttentionBackend(abc.ABC):
         batch: ForwardBatch,
     ) -> torch.Tensor:
         """Store `k`/`v` at `batch.out_cache_loc`, then attend; see the class docstring."""
+
+    def init_forward_metadata_for_graph(self, batch: ForwardBatch) -> None:
+        """Host-side planning for a captured decode graph's batch; see the class docstring.
+        Backends whose kernels read everything from the batch's tensors need nothing."""
+        return None

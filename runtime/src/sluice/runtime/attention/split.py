@@ -32,6 +32,14 @@ class SplitBatchAttention(AttentionBackend):
         # this forward's pieces: (backend, its sub-batch, first token, end token)
         self._parts: list[tuple[AttentionBackend, ForwardBatch, int, int | None]] = []
 
+    @property  # type: ignore[misc]
+    def supports_cuda_graph(self) -> bool:  # type: ignore[override]
+        return self.decode.supports_cuda_graph  # graphs are captured for decode batches only
+
+    def init_forward_metadata_for_graph(self, batch: ForwardBatch) -> None:
+        self._parts = [(self.decode, batch, 0, None)]
+        self.decode.init_forward_metadata_for_graph(batch)
+
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         d = leading_single_token_rows(batch) if batch.mode is ForwardMode.EXTEND else batch.batch_size
         if d == batch.batch_size:

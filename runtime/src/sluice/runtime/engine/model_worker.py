@@ -23,8 +23,12 @@ import torch
 
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
-from sluice.runtime.attention.registry import create_attention_backend, resolve_backend_name
-from sluice.runtime.attention.split import SplitBatchAttention
+from sluice.runtime.attention.registry import create_model_backend, resolve_backend_name
+from sluice.runtime.engine.cuda_graph import (
+    CudaGraphRunner,
+    capture_batch_sizes,
+    cuda_graph_disabled_reason,
+)
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput, RowInput
 from sluice.runtime.ipc.messages import SchedulerReady
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
@@ -51,15 +55,24 @@ def size_kv_pool(args: ServerArgs, device: str, per_token_bytes: int) -> int:
         return args.max_total_tokens
     if device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info()
-        used = total - free  # weights and the CUDA context are loaded by now
-        budget = args.mem_fraction_static * total - used
-        if budget <= 0:
-            raise RuntimeError(
-                f"--mem-fraction-static {args.mem_fraction_static} leaves no room for the KV pool "
-                f"({used / 2**30:.1f} GiB of {total / 2**30:.1f} GiB already in use)"
-            )
-        return int(budget // per_token_bytes)
+        return gpu_kv_pool_tokens(total, free, args.mem_fraction_static, per_token_bytes)
     return int(args.cpu_kv_cache_gib * 2**30 // per_token_bytes)
+
+
+def gpu_kv_pool_tokens(total_bytes: int, free_bytes: int, fraction: float, per_token_bytes: int) -> int:
+    """KV tokens that fit when weights plus KV pool may take `fraction` of the GPU.
+
+    Called after the weights, the CUDA context and the attention backend's workspace are
+    allocated (they are what is in use); CUDA graphs and activations live in the rest,
+    `1 - fraction` of the GPU."""
+    used = total_bytes - free_bytes
+    budget = fraction * total_bytes - used
+    if budget < per_token_bytes:
+        raise RuntimeError(
+            f"--mem-fraction-static {fraction} leaves no room for the KV pool "
+            f"({used / 2**30:.1f} GiB of {total_bytes / 2**30:.1f} GiB already in use)"
+        )
+    return int(budget // per_token_bytes)
 
 
 @dataclass(frozen=True)
@@ -76,10 +89,7 @@ class PoolLayout:
 def _attention_backend(args: ServerArgs, device: str) -> AttentionBackend:
     if args.enable_deterministic_inference:
         return BatchInvariantAttentionBackend()
-    return SplitBatchAttention(
-        create_attention_backend(args.attention_backend, device),
-        create_attention_backend(args.attention_backend, device),
-    )
+    return create_model_backend(args.attention_backend, device, page_size=args.page_size)
 
 
 class ModelWorker:
@@ -126,6 +136,22 @@ class ModelWorker:
             "KV pool: %d tokens, %.1f MiB (%d bytes/token, %s on %s)",
             total, self.kv.total_bytes / 2**20, per_token, self.dtype, self.device,
         )
+        self.graph_runner = self._capture_cuda_graphs(backend)
+
+    def _capture_cuda_graphs(self, backend: AttentionBackend) -> CudaGraphRunner | None:
+        """Decode CUDA graphs, captured once the pool is sized (so before the scheduler
+        reports ready and /health turns 200)."""
+        args = self.args
+        off = cuda_graph_disabled_reason(
+            self.device, backend, args.disable_cuda_graph, args.enable_deterministic_inference
+        )
+        if off is not None:
+            logger.info("decode CUDA graphs off: %s", off)
+            return None
+        sizes = capture_batch_sizes(args.cuda_graph_max_bs, args.max_running_requests)
+        runner = CudaGraphRunner(self.model, sizes)
+        runner.capture(self.req_to_token, self.kv)
+        return runner
 
     @property
     def attention_backend_name(self) -> str:
@@ -217,7 +243,11 @@ class ModelWorker:
     def run(self, fi: ForwardInput) -> ForwardOutput:
         """Forward and sample one batch; the sampled tokens go into the token table too."""
         began = time.perf_counter()
-        logits = self.model.forward(self.forward_batch(fi))
+        fb = self.forward_batch(fi)
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            logits = self.graph_runner.replay(fb)
+        else:
+            logits = self.model.forward(fb)
         sampled = [r for r in fi.rows if r.sample]
         if not sampled:
             return ForwardOutput([], [], time.perf_counter() - began)
