@@ -203,7 +203,7 @@ def sample_multi_prefix_requests(
     prefixes = []
     for first in first_tokens:
         rest, _ = random_text(tokenizer, pool, max(prefix_len - 1, 1), rng)
-        prefixes.append(tokenizer.decode([int(first)]) + rest)
+        prefixes.append(tokenizer.decode([int(first), *_encode(tokenizer, rest)]))
     uses = num_prompts // num_prefixes
     input_lens = sample_lengths(rng, input_len, range_ratio, num_prompts)
     output_lens = sample_lengths(rng, output_len, range_ratio, num_prompts)
