@@ -6,10 +6,11 @@ sees every worker healthy, and stops them all at the end. Without it, `--base-ur
 router that is already running.
 
 `measure_overhead` gives the router's added latency per request: a short streamed request
-is sent through the router and then straight to the worker the router chose (named by its
-`x-sluice-worker` header), one after the other with nothing else running, both after the
-prompt is in every worker's cache, so the two differ only by the router's hop; the pairs'
-differences of TTFT and E2E are summarized.
+is sent through the router and straight to the worker the router chose (named by its
+`x-sluice-worker` header; every second pair the direct one first, to the worker the router
+chose last), one after the other with nothing else running, both after the prompt is in
+every worker's cache, so the two differ only by the router's hop; the pairs' differences of
+TTFT and E2E are summarized.
 """
 
 from __future__ import annotations
@@ -140,9 +141,14 @@ def measure_overhead(
     with httpx.Client(timeout=httpx.Timeout(None, connect=30)) as http:
         for w in workers:  # the prompt is cached everywhere before the clock starts
             _timed_stream(http, w, config, request)
-        for _ in range(n):
-            r_ttft, r_e2e, chosen = _timed_stream(http, router_url, config, request)
-            d_ttft, d_e2e, _ = _timed_stream(http, chosen, config, request)
+        chosen = _timed_stream(http, router_url, config, request)[2]
+        for i in range(n):
+            if i % 2:  # every second pair the other way round, so drift cancels
+                d_ttft, d_e2e, _ = _timed_stream(http, chosen, config, request)
+                r_ttft, r_e2e, chosen = _timed_stream(http, router_url, config, request)
+            else:
+                r_ttft, r_e2e, chosen = _timed_stream(http, router_url, config, request)
+                d_ttft, d_e2e, _ = _timed_stream(http, chosen, config, request)
             ttft.append(r_ttft - d_ttft)
             e2e.append(r_e2e - d_e2e)
     ms = np.asarray(ttft) * 1000, np.asarray(e2e) * 1000
