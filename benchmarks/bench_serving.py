@@ -270,9 +270,10 @@ def report_router(
     """Requests per worker and decisions from the router, then the overhead probes."""
     from benchmarks.serving import router
 
-    counts = router.router_counts(args.base_url)
+    counts = router.router_counts(args.base_url)  # before the probes: the load's requests
     print(f"router ({args.router_policy}): requests per worker {counts['requests']}, "
-          f"decisions {counts['decisions']}")  # fmt: skip
+          f"decisions {counts['decisions']}, its own share of TTFT (ms, from "
+          f"{C.METRIC_ROUTER_OVERHEAD_SECONDS}) {counts['overhead_ms']}")  # fmt: skip
     out: dict[str, Any] = {"policy": args.router_policy, **counts}
     if args.overhead_probes:
         config = client.LoadConfig(

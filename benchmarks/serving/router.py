@@ -89,18 +89,42 @@ def router_worker_urls(base_url: str) -> list[str]:
 
 
 def router_counts(base_url: str) -> dict[str, dict[str, float]]:
-    """Requests per worker and decisions per reason, from the router's /metrics."""
+    """Requests per worker, decisions per reason, and the router's own overhead (p50/p99
+    interpolated in its histogram's buckets, like PromQL's histogram_quantile), from the
+    router's /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(base_url.rstrip("/") + C.METRICS_PATH, timeout=10).text
-    out: dict[str, dict[str, float]] = {"requests": {}, "decisions": {}}
+    out: dict[str, dict[str, float]] = {"requests": {}, "decisions": {}, "overhead_ms": {}}
+    buckets: list[tuple[float, float]] = []
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == C.METRIC_ROUTER_REQUESTS_TOTAL:
                 out["requests"][s.labels[C.LABEL_WORKER]] = s.value
             elif s.name == C.METRIC_ROUTER_DECISIONS_TOTAL and s.value:
                 out["decisions"][s.labels[C.LABEL_REASON]] = s.value
+            elif s.name == C.METRIC_ROUTER_OVERHEAD_SECONDS + "_bucket":
+                buckets.append((float(s.labels["le"]), s.value))
+    if buckets and buckets[-1][1] > 0:
+        for q in (0.5, 0.99):
+            out["overhead_ms"][f"p{int(q * 100)}"] = histogram_quantile(q, buckets) * 1000
+        out["overhead_ms"]["requests"] = buckets[-1][1]
     return out
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """Prometheus' histogram_quantile over cumulative (upper bound, count) buckets: linear
+    within the bucket the rank falls in; the +Inf bucket answers its lower bound."""
+    buckets = sorted(buckets)
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = upper, count
+    return lower
 
 
 @dataclass(frozen=True)

@@ -61,3 +61,11 @@ def test_the_fleet_puts_workers_on_the_ports_after_the_routers():
     cmd = router.router_command("http://127.0.0.1:30080", ["http://w:1"], "least-load", ["-x"])
     assert cmd[cmd.index("--port") + 1] == "30080" and cmd[cmd.index("--policy") + 1] == "least-load"
     assert cmd[cmd.index("--worker-urls") + 1] == "http://w:1" and cmd[-1] == "-x"
+
+
+def test_histogram_quantile_interpolates_like_prometheus():
+    # 10 observations: 4 in (0, 1], 4 in (1, 2], 2 in (2, 4]
+    buckets = [(1.0, 4), (2.0, 8), (4.0, 10), (float("inf"), 10)]
+    assert router.histogram_quantile(0.5, buckets) == pytest.approx(1.25)  # rank 5
+    assert router.histogram_quantile(0.9, buckets) == pytest.approx(3.0)  # rank 9
+    assert router.histogram_quantile(0.2, buckets) == pytest.approx(0.5)

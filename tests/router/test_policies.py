@@ -52,7 +52,6 @@ def test_cache_aware_below_the_threshold_goes_to_the_least_loaded():
     ws = workers(0, 0)
     ca = CacheAware(CacheAwareConfig(cache_threshold=0.5))
     ca.choose(ws, "abcdefghij")  # into one worker's tree
-    ws[0].in_flight, ws[1].in_flight = 1, 0
     holder = next(w for w in ws if w.tree.size)
     other = next(w for w in ws if w is not holder)
     holder.in_flight, other.in_flight = 1, 0

@@ -163,10 +163,11 @@ def test_in_flight_counts_return_to_zero():
     def handler(req: httpx.Request) -> httpx.Response:
         return ok()
 
-    app, pool, _ = router(handler)
+    app, pool, metrics = router(handler)
     for _ in range(3):
         call(app)
     assert [w.in_flight for w in pool.workers.values()] == [0, 0]
+    assert samples(metrics)[(C.METRIC_ROUTER_OVERHEAD_SECONDS + "_count", ())] == 3
 
 
 @pytest.mark.parametrize(("method", "path", "status"), [("GET", "/nope", 404),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -78,6 +79,7 @@ class RouterApp:
 
     async def forward(self, request: Request, policy: Policy, routed: bool) -> Response:
         body = await request.body()
+        received_at = time.perf_counter()
         path = request.url.path
         key = routing_key(path, body) if routed else EMPTY
         query = request.url.query
@@ -89,7 +91,7 @@ class RouterApp:
         )
         try:
             upstream = await unless_disconnected(
-                request, self.forwarder.open(outgoing, policy, key, count=routed)
+                request, self.forwarder.open(outgoing, policy, key, routed, received_at)
             )
         except ClientGone:
             logger.info("request aborted path=%s reason=client-gone-before-response", path)

@@ -13,6 +13,11 @@
 - `sluice_router_failed_requests_total{reason}`: requests the router answered itself with
   an error (no_worker: none healthy; upstream: every try failed; mid_stream: the worker
   failed after the response had started).
+- `sluice_router_overhead_seconds`: histogram of what the router adds to a request's time
+  to first byte on its own clock: from the request (body read) to the first byte written to
+  the client, less the time the worker took from the request sent to its first byte (so
+  routing, forwarding, failed tries and the relay of the first chunk count; the network
+  hop to the worker does not).
 - gauges per worker, from the pool at scrape time: `sluice_router_worker_healthy` (1/0),
   `sluice_router_worker_in_flight_requests`, `sluice_router_tree_characters`.
 
@@ -105,6 +110,11 @@ class RouterMetrics:
             C.METRIC_ROUTER_FAILED_REQUESTS_TOTAL,
             "Requests the router answered with an error itself, by reason.",
             [C.LABEL_REASON], registry=r,
+        )  # fmt: skip
+        self.overhead = Histogram(
+            C.METRIC_ROUTER_OVERHEAD_SECONDS,
+            "Router's own share of a request's time to first byte.",
+            buckets=C.ROUTER_OVERHEAD_BUCKETS_SECONDS, registry=r,
         )  # fmt: skip
         for reason in FAILURE_REASONS:
             self.failed.labels(reason)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,8 @@ class Upstream:
     response: httpx.Response
     first: bytes
     rest: AsyncIterator[bytes]
+    received_at: float = 0.0  # perf_counter: the router had the client's request
+    worker_time: float = 0.0  # seconds from sending to the worker to its first byte
     _closed: bool = False
 
     async def aclose(self) -> None:
@@ -115,8 +118,17 @@ class Forwarder:
         self.metrics = metrics
         self.request_timeout = request_timeout or None
 
-    async def open(self, req: Outgoing, policy: Policy, key: Key, count: bool = True) -> Upstream:
-        """`count`: record the routing decision (generation routes) or not (/v1/models)."""
+    async def open(
+        self,
+        req: Outgoing,
+        policy: Policy,
+        key: Key,
+        count: bool = True,
+        received_at: float | None = None,
+    ) -> Upstream:
+        """`count`: record the routing decision (generation routes) or not (/v1/models).
+        `received_at`: `time.perf_counter()` when the router had the request's body."""
+        received_at = time.perf_counter() if received_at is None else received_at
         tried: set[str] = set()
         last_error = ""
         for attempt in range(MAX_ATTEMPTS):
@@ -131,7 +143,9 @@ class Forwarder:
             worker = decision.worker
             tried.add(worker.url)
             try:
-                return await self._send(worker, req)
+                upstream = await self._send(worker, req)
+                upstream.received_at = received_at
+                return upstream
             except (httpx.TransportError, _Unavailable) as exc:
                 reason = _error_reason(exc)
                 last_error = f"{worker.url}: {reason}: {exc}"
@@ -151,6 +165,7 @@ class Forwarder:
             req.method, worker.url + req.path, headers=req.headers, content=req.body
         )
         response: httpx.Response | None = None
+        sent_at = time.perf_counter()
         try:
             send = self.client.send(request, stream=True)
             response = await asyncio.wait_for(send, self.request_timeout)
@@ -159,7 +174,9 @@ class Forwarder:
                 raise _Unavailable(f"HTTP 503 {body}")
             rest = response.aiter_raw()
             first = await anext(rest, b"")
-            return Upstream(worker, response, first, rest)
+            return Upstream(
+                worker, response, first, rest, worker_time=time.perf_counter() - sent_at
+            )
         except BaseException:
             worker.in_flight -= 1
             if response is not None:
@@ -224,6 +241,9 @@ class PassthroughResponse:
         up = self.upstream
         if up.first:
             await send({"type": "http.response.body", "body": up.first, "more_body": True})
+        self.metrics.overhead.observe(
+            max(0.0, time.perf_counter() - up.received_at - up.worker_time)
+        )
         try:
             async for chunk in up.rest:
                 if chunk:
