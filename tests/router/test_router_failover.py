@@ -8,7 +8,7 @@ import json
 
 import httpx
 import pytest
-from conftest import scrape, wait_until
+from router_testkit import scrape, wait_until
 
 from sluice.runtime import constants as C
 

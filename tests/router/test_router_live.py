@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from conftest import scrape, wait_until, worker_info
+from router_testkit import scrape, wait_until, worker_info
 
 from benchmarks.serving.dataset import common_prefix_len, sample_multi_prefix_requests
 from sluice.runtime import constants as C
