@@ -70,6 +70,10 @@ class BenchArgs:
     shared_prefix_len: int = option(
         256, "shared-prefix: tokens of the prefix every prompt starts with."
     )
+    num_prefixes: int = option(
+        16, "multi-prefix: distinct prefixes (of --shared-prefix-len tokens), each used "
+        "--num-prompts / --num-prefixes times, in a shuffled order.",
+    )
     seed: int = option(1, "Seed for lengths, prompts and arrivals.")
     request_rate: float = option(math.inf, "Requests per second, Poisson arrivals (inf: all at t=0).")
     max_concurrency: int = option(0, "Most requests in flight at once (0: no cap).")
@@ -88,6 +92,17 @@ class BenchArgs:
     peer_device: str = option(
         "cpu", "Where the peer runs: cpu (fp32) or cuda (bf16, the server's GPU).", ("cpu", "cuda")
     )
+    router_policy: str = option(
+        "", "Send through `sluice router` with this policy: with --launch-server, start "
+        "--num-workers servers on the ports after --base-url's and a router on --base-url; "
+        "without it, --base-url is a running router.", ("", *C.ROUTER_POLICIES),
+    )
+    num_workers: int = option(2, "--router-policy with --launch-server: servers to start.")
+    router_args: str = option("", "Extra flags for the launched router, as one string.")
+    overhead_probes: int = option(
+        0, "--router-policy: after the run, this many short requests through the router, each "
+        "followed by the same straight to the worker it chose: the router's added latency.",
+    )
 
     def validate(self) -> None:
         problems = []
@@ -101,8 +116,16 @@ class BenchArgs:
             problems.append("--request-rate must be > 0 (inf: all at once)")
         if self.max_concurrency < 0:
             problems.append("--max-concurrency must be >= 0")
-        if self.dataset_name == "shared-prefix" and self.shared_prefix_len < 1:
+        if self.dataset_name in ("shared-prefix", "multi-prefix") and self.shared_prefix_len < 1:
             problems.append("--shared-prefix-len must be >= 1")
+        if self.dataset_name == "multi-prefix" and (
+            self.num_prefixes < 1 or self.num_prompts % self.num_prefixes
+        ):
+            problems.append("multi-prefix: --num-prompts must be a multiple of --num-prefixes")
+        if self.num_workers < 1 or self.overhead_probes < 0:
+            problems.append("--num-workers must be >= 1 and --overhead-probes >= 0")
+        if self.overhead_probes and not self.router_policy:
+            problems.append("--overhead-probes needs --router-policy")
         if self.extra_request_body:
             try:
                 if not isinstance(json.loads(self.extra_request_body), dict):
@@ -160,7 +183,8 @@ def resolve_model_path(args: BenchArgs) -> Path:
     return Path(runtime_resolve(args.model, cache_dir))
 
 
-def build_dataset(args: BenchArgs, tokenizer: Any) -> tuple[list[dataset.BenchRequest], int | None]:
+def build_dataset(args: BenchArgs, tokenizer: Any) -> tuple[list[dataset.BenchRequest], dict]:
+    """The requests, and what the summary adds for this dataset."""
     common = dict(
         num_prompts=args.num_prompts,
         input_len=args.random_input_len,
@@ -169,10 +193,16 @@ def build_dataset(args: BenchArgs, tokenizer: Any) -> tuple[list[dataset.BenchRe
         seed=args.seed,
     )
     if args.dataset_name == "shared-prefix":
-        return dataset.sample_shared_prefix_requests(
+        requests, shared = dataset.sample_shared_prefix_requests(
             tokenizer, shared_prefix_len=args.shared_prefix_len, **common
         )
-    return dataset.sample_random_requests(tokenizer, **common), None
+        return requests, {"shared_prefix_tokens": shared}
+    if args.dataset_name == "multi-prefix":
+        requests, ideal = dataset.sample_multi_prefix_requests(
+            tokenizer, num_prefixes=args.num_prefixes, prefix_len=args.shared_prefix_len, **common
+        )
+        return requests, {"ideal_cached_tokens": ideal}
+    return dataset.sample_random_requests(tokenizer, **common), {}
 
 
 async def run_serving(
@@ -205,20 +235,63 @@ def _process_peak_rss_mib() -> float:
 
 def measure_server(
     args: BenchArgs, requests: list[dataset.BenchRequest], warmup: dataset.BenchRequest
-) -> tuple[list[metrics.RequestResult], float, float | None]:
-    """The server run: results, duration, and the launched server's peak RSS (None when the
-    server is not ours to measure)."""
+) -> tuple[list[metrics.RequestResult], float, float | None, dict[str, Any] | None]:
+    """The server run: results, duration, the launched server's peak RSS (None when the
+    server is not ours to measure), and with --router-policy what the router reports."""
     if not args.launch_server:
-        return *asyncio.run(run_serving(args, requests, warmup)), None
+        results, duration = asyncio.run(run_serving(args, requests, warmup))
+        routed = None
+        if args.router_policy:
+            from benchmarks.serving import router
+
+            workers = router.router_worker_urls(args.base_url)
+            routed = report_router(args, warmup, workers)
+        return results, duration, None, routed
     from benchmarks.serving.server import launched_server, serve_command
 
     extra = args.server_args
     if args.model_cache_dir:
         extra += f" --model-cache-dir {shlex.quote(args.model_cache_dir)}"
+    if args.router_policy:
+        from benchmarks.serving import router
+
+        with router.launched_fleet(
+            args.model, args.base_url, args.num_workers, args.router_policy, extra,
+            shlex.split(args.router_args), args.server_timeout,
+        ) as workers:  # fmt: skip
+            results, duration = asyncio.run(run_serving(args, requests, warmup))
+            return results, duration, None, report_router(args, warmup, workers)
     command = serve_command(args.model, args.base_url, extra)
     with launched_server(command, args.base_url, args.server_timeout) as server:
         results, duration = asyncio.run(run_serving(args, requests, warmup))
-        return results, duration, server.peak_rss_mib()
+        return results, duration, server.peak_rss_mib(), None
+
+
+def report_router(
+    args: BenchArgs, warmup: dataset.BenchRequest, workers: list[str]
+) -> dict[str, Any]:
+    """Requests per worker and decisions from the router, then the overhead probes."""
+    from benchmarks.serving import router
+
+    counts = router.router_counts(args.base_url)  # before the probes: the load's requests
+    print(f"router ({args.router_policy}): requests per worker {counts['requests']}, "
+          f"decisions {counts['decisions']}, its own share of TTFT (ms, from "
+          f"{C.METRIC_ROUTER_OVERHEAD_SECONDS}) {counts['overhead_ms']}")  # fmt: skip
+    out: dict[str, Any] = {"policy": args.router_policy, **counts}
+    if args.overhead_probes:
+        config = client.LoadConfig(
+            url="", model=args.served_model_name or C.BUNDLED_SERVED_NAME, api_key=args.api_key
+        )
+        model = asyncio.run(client.fetch_model_id(args.base_url, args.api_key))
+        config = dataclasses.replace(config, model=model or config.model)
+        overhead = router.measure_overhead(
+            args.base_url, workers, config, warmup, args.overhead_probes
+        )
+        print(f"router added latency over {overhead.probes} probes: TTFT p50 "
+              f"{overhead.ttft_p50_ms:.2f} ms, p99 {overhead.ttft_p99_ms:.2f} ms; E2E p50 "
+              f"{overhead.e2e_p50_ms:.2f} ms, p99 {overhead.e2e_p99_ms:.2f} ms")  # fmt: skip
+        out["added_latency"] = dataclasses.asdict(overhead)
+    return out
 
 
 def run_notes(
@@ -260,12 +333,12 @@ def main(argv: list[str] | None = None) -> int:
 
     model_path = resolve_model_path(args)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    requests, shared_prefix = build_dataset(args, tokenizer)
+    requests, extras = build_dataset(args, tokenizer)
     warmup = dataset.warmup_request(tokenizer, args.seed)
-    summary = dataset.DatasetSummary.of(requests, shared_prefix)
+    summary = dataset.DatasetSummary.of(requests, **extras)
     print(report.format_dataset(args.dataset_name, summary), flush=True)
 
-    results, duration, server_rss = measure_server(args, requests, warmup)
+    results, duration, server_rss, routed = measure_server(args, requests, warmup)
     served = metrics.compute_metrics(results, duration)
     serving_table = report.format_serving(
         served, args.backend, args.request_rate, args.max_concurrency, server_rss
@@ -297,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             args.to_dict(), summary, served, server_rss, peer_metrics, peer_rss, ratios, notes,
             details,
         )  # fmt: skip
+        if routed is not None:
+            doc["router"] = routed
         report.write_json(Path(args.output_file), doc)
         print(f"results written to {args.output_file}")
     return 0 if served.completed == len(requests) else 1

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-DATASETS = ("random", "shared-prefix")
+DATASETS = ("random", "shared-prefix", "multi-prefix")
 # Put between the shared prefix and each request's own part, so that the prefix ends on a
 # token boundary for the usual pre-tokenizers.
 PREFIX_SEPARATOR = "\n\n"
@@ -30,6 +30,7 @@ class BenchRequest:
     prompt: str
     prompt_len: int  # tokens of `prompt` as the tokenizer re-encodes it (no special tokens)
     output_len: int  # the request's max_tokens (exact with ignore_eos)
+    prefix_id: int | None = None  # multi-prefix: which prefix the prompt starts with
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,16 @@ class DatasetSummary:
     output_len_mean: float
     output_len_max: int
     shared_prefix_tokens: int | None = None  # tokens every prompt starts with (shared-prefix)
+    # multi-prefix: prompt tokens a prefix cache can reuse at best (every use of a prefix
+    # after its first, each its longest common prefix with an earlier use)
+    ideal_cached_tokens: int | None = None
 
     @classmethod
     def of(
-        cls, requests: Sequence[BenchRequest], shared_prefix_tokens: int | None = None
+        cls,
+        requests: Sequence[BenchRequest],
+        shared_prefix_tokens: int | None = None,
+        ideal_cached_tokens: int | None = None,
     ) -> DatasetSummary:
         ins = [r.prompt_len for r in requests]
         outs = [r.output_len for r in requests]
@@ -62,6 +69,7 @@ class DatasetSummary:
             output_len_mean=float(np.mean(outs)),
             output_len_max=max(outs),
             shared_prefix_tokens=shared_prefix_tokens,
+            ideal_cached_tokens=ideal_cached_tokens,
         )
 
 
@@ -161,6 +169,66 @@ def sample_shared_prefix_requests(
         shared = min(shared, common_prefix_len(prefix_ids, ids))
         requests.append(BenchRequest(prompt=prompt, prompt_len=len(ids), output_len=n_out))
     return requests, shared
+
+
+def sample_multi_prefix_requests(
+    tokenizer: Any,
+    num_prompts: int,
+    num_prefixes: int,
+    prefix_len: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    seed: int,
+) -> tuple[list[BenchRequest], int]:
+    """Many long prefixes, each used a few times, in a shuffled order: the workload where
+    routing by prefix matters (with few prefixes used many times, every replica warms up on
+    all of them and round robin looks as good).
+
+    `num_prompts / num_prefixes` uses per prefix (must divide). Each prefix is
+    `prefix_len` random tokens starting with a token no other prefix starts with (so that
+    prefixes share nothing), and each prompt is `prefix + PREFIX_SEPARATOR + own part`, the
+    own part drawn like a random prompt. Returns the requests (in send order, with
+    `prefix_id`) and the ideal cached tokens (see `DatasetSummary.ideal_cached_tokens`).
+    """
+    if num_prefixes < 1 or num_prompts % num_prefixes:
+        raise ValueError(
+            f"--num-prompts ({num_prompts}) must be a multiple of --num-prefixes ({num_prefixes})"
+        )
+    rng = np.random.default_rng([seed, 3])
+    pool = token_pool(tokenizer)
+    if num_prefixes > len(pool):
+        raise ValueError(f"the tokenizer has {len(pool)} tokens, fewer than {num_prefixes} prefixes")
+    first_tokens = rng.choice(pool, size=num_prefixes, replace=False)
+    prefixes = []
+    for first in first_tokens:
+        rest, _ = random_text(tokenizer, pool, max(prefix_len - 1, 1), rng)
+        prefixes.append(tokenizer.decode([int(first), *_encode(tokenizer, rest)]))
+    uses = num_prompts // num_prefixes
+    input_lens = sample_lengths(rng, input_len, range_ratio, num_prompts)
+    output_lens = sample_lengths(rng, output_len, range_ratio, num_prompts)
+    order = rng.permutation(num_prompts)  # slot i of the send order is prefix order[i] // uses
+    requests = []
+    for i, slot in enumerate(order):
+        pid = int(slot) // uses
+        own, _ = random_text(tokenizer, pool, input_lens[i], rng)
+        prompt = prefixes[pid] + PREFIX_SEPARATOR + own
+        n = len(_encode(tokenizer, prompt))
+        requests.append(BenchRequest(prompt, n, output_lens[i], prefix_id=pid))
+    return requests, ideal_cached_tokens(tokenizer, requests)
+
+
+def ideal_cached_tokens(tokenizer: Any, requests: Sequence[BenchRequest]) -> int:
+    """What an unbounded prefix cache in front of every request could reuse: each request's
+    longest common token prefix with an earlier request of the same prefix."""
+    seen: dict[int | None, list[list[int]]] = {}
+    total = 0
+    for r in requests:
+        ids = _encode(tokenizer, r.prompt)
+        earlier = seen.setdefault(r.prefix_id, [])
+        total += max((common_prefix_len(ids, e) for e in earlier), default=0)
+        earlier.append(ids)
+    return total
 
 
 def warmup_request(

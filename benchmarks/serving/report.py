@@ -55,6 +55,8 @@ def format_dataset(name: str, summary: DatasetSummary) -> str:
     ]
     if summary.shared_prefix_tokens is not None:
         lines.append(_row("Shared prefix tokens:", summary.shared_prefix_tokens))
+    if summary.ideal_cached_tokens is not None:
+        lines.append(_row("Ideal cached prompt tokens:", summary.ideal_cached_tokens))
     return "\n".join(lines)
 
 

@@ -1,10 +1,11 @@
-"""`sluice` command line: `sluice serve [flags]`."""
+"""`sluice` command line: `sluice serve [flags]`, `sluice router [flags]`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from sluice.runtime.router.args import RouterArgs
 from sluice.runtime.server_args import ServerArgs
 
 
@@ -13,6 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model with an OpenAI-compatible API")
     ServerArgs.add_cli_args(serve)
+    router = sub.add_parser("router", help="route requests across several runtime servers")
+    RouterArgs.add_cli_args(router)
     return parser
 
 
@@ -27,6 +30,15 @@ def main(argv: list[str] | None = None) -> int:
         from sluice.runtime.launch import launch_server  # heavy imports only when serving
 
         return launch_server(args)
+    if ns.command == "router":
+        try:
+            router_args = RouterArgs.from_cli_args(ns)
+        except ValueError as err:
+            print(f"sluice router: {err}", file=sys.stderr)
+            return 2
+        from sluice.runtime.router.server import run_router  # no model, no torch
+
+        return run_router(router_args)
     return 2
 
 

@@ -90,3 +90,37 @@ E2E_BUCKETS_SECONDS = (
 QUEUE_TIME_BUCKETS_SECONDS = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 )  # fmt: skip
+
+# --- `sluice router` (the operator renders its Deployment from these) --------------------
+ROUTER_COMMAND = ["sluice", "router"]
+ROUTER_DEFAULT_PORT = 30080
+ROUTER_POLICIES = ("cache-aware", "round-robin", "least-load", "random")
+ROUTER_LIVENESS_PATH = "/liveness"
+ROUTER_WORKERS_PATH = "/workers"
+FLAG_WORKER_URLS = "--worker-urls"
+FLAG_POLICY = "--policy"
+FLAG_DISCOVER_SELECTOR = "--discover-selector"
+FLAG_DISCOVER_NAMESPACE = "--discover-namespace"
+FLAG_DISCOVER_PORT_NAME = "--discover-port-name"
+FLAG_METRICS_COMPAT = "--metrics-compat"
+# response header naming the worker that served a request (debugging, tests, benchmarks)
+ROUTER_WORKER_HEADER = "x-sluice-worker"
+
+# router metrics
+LABEL_WORKER = "worker"
+LABEL_REASON = "reason"
+LABEL_POLICY = "policy"
+METRIC_ROUTER_REQUESTS_TOTAL = "sluice_router_requests_total"
+METRIC_ROUTER_DECISIONS_TOTAL = "sluice_router_routing_decisions_total"
+METRIC_ROUTER_PREFIX_MATCH_CHARACTERS = "sluice_router_prefix_match_characters"
+METRIC_ROUTER_WORKER_HEALTHY = "sluice_router_worker_healthy"
+METRIC_ROUTER_WORKER_IN_FLIGHT = "sluice_router_worker_in_flight_requests"
+METRIC_ROUTER_TREE_CHARACTERS = "sluice_router_tree_characters"
+METRIC_ROUTER_RETRIES_TOTAL = "sluice_router_retries_total"
+METRIC_ROUTER_UPSTREAM_ERRORS_TOTAL = "sluice_router_upstream_errors_total"
+METRIC_ROUTER_FAILED_REQUESTS_TOTAL = "sluice_router_failed_requests_total"
+METRIC_ROUTER_OVERHEAD_SECONDS = "sluice_router_overhead_seconds"
+ROUTER_OVERHEAD_BUCKETS_SECONDS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)  # fmt: skip
+ROUTER_PREFIX_MATCH_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)

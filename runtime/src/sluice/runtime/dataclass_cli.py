@@ -1,8 +1,9 @@
 """Command-line flags declared once, as fields of a frozen dataclass.
 
 `option(default, help, choices)` declares a field with its help text; `add_flags(parser,
-cls)` turns every field into `--field-name` (bool fields become switches). Used by
-`ServerArgs` and the benchmark's `BenchArgs`. No heavy imports: the operator may import it.
+cls)` turns every field into `--field-name` (bool fields become switches, `tuple[str, ...]`
+fields take any number of values). Used by `ServerArgs`, `RouterArgs` and the benchmark's
+`BenchArgs`. No heavy imports: the operator may import it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         help_text = f.metadata["help"]
         if f.type in ("bool", bool):
             parser.add_argument(flag, action="store_true", help=help_text)
+            continue
+        if str(f.type) == "tuple[str, ...]":
+            parser.add_argument(
+                flag, nargs="*", type=str, default=f.default, metavar="VALUE", help=help_text
+            )
             continue
         parser.add_argument(
             flag,

@@ -158,7 +158,9 @@ def launch_server(args: ServerArgs) -> int:
         children.stop()
         return 1
     tm = TokenizerManager(load_tokenizer(model_path), served_name(args, model_path), ready, port_args)
-    metrics = MetricsCollector(tm.served_model_name, tm.stats)
+    metrics = MetricsCollector(
+        tm.served_model_name, tm.stats, compat=args.metrics_compat, page_size=ready.page_size
+    )
     app = build_app(tm, args, metrics_handler=metrics.handler)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     server = DrainingServer(config, tm, args.drain_timeout)

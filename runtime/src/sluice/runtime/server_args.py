@@ -100,6 +100,11 @@ class ServerArgs:
     log_level: str = option("info", "Log level.", ("debug", "info", "warning", "error"))
     model_cache_dir: str = option("", "Where converted models are cached (default ~/.cache/sluice).")
     drain_timeout: float = option(30.0, "Seconds SIGTERM waits for running requests to finish.")
+    metrics_compat: str = option(
+        "none", "Also expose the scheduler gauges under another server's metric names "
+        "(vllm: what the Gateway API Inference Extension's endpoint picker reads).",
+        ("none", "vllm"),
+    )
     torch_threads: int = option(0, "torch intra-op threads in the scheduler on the CPU (0: torch's default).")
 
     @property

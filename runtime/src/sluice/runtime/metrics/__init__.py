@@ -5,6 +5,7 @@ and latency histograms, every series labelled with the served model name.
 `MetricsCollector` is a TokenizerManager listener (`on_chunk`, `on_abort`, `on_stats`) and
 owns the `/metrics` handler. Names come from `sluice.runtime.constants`; they are an
 interface shared with the operator's HPA, the alerts and the dashboard in `monitoring/`.
+`compat="vllm"` adds the same scheduler gauges under vLLM's names (`vllm_compat.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from prometheus_client import (
 from sluice.runtime.ipc.messages import SchedulerStats
 from sluice.runtime.metrics.requests import RequestMetrics
 from sluice.runtime.metrics.scheduler_mirror import SCHEDULER_METRICS, SchedulerMirror
+from sluice.runtime.metrics.vllm_compat import COMPAT_FAMILIES, VllmCompatMirror
 
 __all__ = ["MetricsCollector", "SCHEDULER_METRICS"]
 
@@ -36,13 +38,23 @@ class MetricsCollector:
     stall every request, so they log and swallow their own errors.
     """
 
-    def __init__(self, model: str, initial_stats: SchedulerStats | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        initial_stats: SchedulerStats | None = None,
+        compat: str = "none",
+        page_size: int = 1,
+    ) -> None:
+        if compat not in COMPAT_FAMILIES:
+            raise ValueError(f"unknown metrics compat family {compat!r}")
         # no `*_created` series: they double the series count and nothing reads them
         disable_created_metrics()
         self.model = model
         self.registry = CollectorRegistry(auto_describe=True)
         self.scheduler = SchedulerMirror(model, initial_stats)
         self.registry.register(self.scheduler)
+        if compat == "vllm":
+            self.registry.register(VllmCompatMirror(self.scheduler, page_size))
         self.requests = RequestMetrics(model, self.registry)
 
     def attach(self, tm: Any) -> None:

@@ -64,6 +64,11 @@ class SchedulerMirror(Collector):
         self._high_water: dict[str, float] = {}
         self.update(self._stats)
 
+    @property
+    def stats(self) -> SchedulerStats:
+        """The latest stats (other collectors read the same numbers)."""
+        return self._stats
+
     def update(self, stats: SchedulerStats) -> None:
         self._stats = stats
         for m in SCHEDULER_METRICS:

@@ -1,0 +1,168 @@
+"""The router's HTTP front: OpenAI's routes and /generate forwarded to a worker, and the
+router's own /health, /liveness, /metrics and /workers.
+
+- `POST /v1/completions`, `/v1/chat/completions`, `/generate`: routed by the policy.
+- `GET /v1/models`: forwarded to the least-loaded healthy worker (not a routing decision).
+- `GET /health`: 200 while at least one worker is healthy, else 503 (readiness).
+- `GET /liveness`: 200 while the process serves (a router with no worker is still alive).
+- `GET /metrics`: the router's Prometheus metrics (see `metrics.py`).
+- `GET /workers`: the pool as JSON (url, source, healthy, in_flight, tree size, why down).
+
+The client's `Authorization` header travels to the worker, so an API key is checked where it
+is configured: on the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sluice.runtime import constants as C
+from sluice.runtime.router.keys import EMPTY, routing_key
+from sluice.runtime.router.metrics import RouterMetrics
+from sluice.runtime.router.policies import LeastLoad, Policy
+from sluice.runtime.router.proxy import (
+    Forwarder,
+    Outgoing,
+    PassthroughResponse,
+    RouterError,
+    forwarded_headers,
+)
+from sluice.runtime.router.workers import WorkerPool
+
+logger = logging.getLogger("sluice.router")
+T = TypeVar("T")
+ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Run `work`; if the client disconnects first, cancel it (closing what it opened)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientGone
+    finally:
+        task.cancel()
+        watcher.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+
+
+class RouterApp:
+    def __init__(
+        self, pool: WorkerPool, policy: Policy, forwarder: Forwarder, metrics: RouterMetrics
+    ) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.forwarder = forwarder
+        self.metrics = metrics
+        self._models_policy = LeastLoad()
+
+    async def forward(self, request: Request, policy: Policy, routed: bool) -> Response:
+        body = await request.body()
+        received_at = time.perf_counter()
+        path = request.url.path
+        key = routing_key(path, body) if routed else EMPTY
+        query = request.url.query
+        outgoing = Outgoing(
+            method=request.method,
+            path=path + (f"?{query}" if query else ""),
+            headers=forwarded_headers(request.headers.raw),
+            body=body,
+        )
+        try:
+            upstream = await unless_disconnected(
+                request, self.forwarder.open(outgoing, policy, key, routed, received_at)
+            )
+        except ClientGone:
+            logger.info("request aborted path=%s reason=client-gone-before-response", path)
+            return Response(status_code=499)
+        except RouterError as err:
+            self.metrics.failed.labels(err.reason).inc()
+            logger.warning("request failed path=%s status=%d why=%s", path, err.status, err)
+            return JSONResponse(err.body(), err.status)
+        return PassthroughResponse(upstream, self.metrics, self.pool)  # type: ignore[return-value]
+
+    async def routed(self, request: Request) -> Response:
+        return await self.forward(request, self.policy, routed=True)
+
+    async def models(self, request: Request) -> Response:
+        return await self.forward(request, self._models_policy, routed=False)
+
+    async def health(self, request: Request) -> Response:
+        healthy = len(self.pool.healthy())
+        body = {"status": "ok" if healthy else "no healthy worker", "healthy_workers": healthy,
+                "workers": len(self.pool.workers)}  # fmt: skip
+        return JSONResponse(body, 200 if healthy else 503)
+
+    async def liveness(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_route(self, request: Request) -> Response:
+        payload, content_type = self.metrics.render()
+        return Response(payload, media_type=content_type)
+
+    async def workers(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "policy": self.policy.name,
+                "workers": [
+                    {
+                        "url": w.url,
+                        "source": w.source,
+                        "healthy": w.healthy,
+                        "in_flight": w.in_flight,
+                        "tree_characters": w.tree.size,
+                        "down_reason": None if w.healthy else w.down_reason,
+                    }
+                    for w in self.pool.workers.values()
+                ],
+            }
+        )
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    body = {"error": {"message": f"No route {request.method} {request.url.path} on the router.",
+                      "type": "invalid_request_error", "param": None, "code": "not_found"}}  # fmt: skip
+    return JSONResponse(body, 404)
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    body = {"error": {"message": f"{request.method} is not allowed on {request.url.path}.",
+                      "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}}  # fmt: skip
+    return JSONResponse(body, 405)
+
+
+def build_router_app(router: RouterApp, lifespan: Any = None) -> Starlette:
+    routes = [Route(p, router.routed, methods=["POST"]) for p in ROUTED_PATHS]
+    routes += [
+        Route("/v1/models", router.models, methods=["GET"]),
+        Route(C.HEALTH_PATH, router.health, methods=["GET"]),
+        Route(C.ROUTER_LIVENESS_PATH, router.liveness, methods=["GET"]),
+        Route(C.METRICS_PATH, router.metrics_route, methods=["GET"]),
+        Route(C.ROUTER_WORKERS_PATH, router.workers, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        exception_handlers={404: _not_found, 405: _method_not_allowed},
+        lifespan=lifespan,
+    )

@@ -1,0 +1,128 @@
+"""Every tunable of `sluice router`, in one place (like `ServerArgs` for `sluice serve`).
+
+No heavy imports: the operator may read the flag names and defaults from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from sluice.runtime import constants as C
+from sluice.runtime.dataclass_cli import add_flags, option
+
+
+@dataclass(frozen=True)
+class RouterArgs:
+    host: str = option(C.DEFAULT_HOST, "Address the router binds.")
+    port: int = option(C.ROUTER_DEFAULT_PORT, "Port the router listens on.")
+    worker_urls: tuple[str, ...] = option(
+        (), "Runtime servers to route to (http://host:port), static; discovery may add more."
+    )
+    policy: str = option("cache-aware", "How a worker is chosen per request.", C.ROUTER_POLICIES)
+    cache_threshold: float = option(
+        0.3,
+        "cache-aware: route to the best prefix match when it covers more than this share "
+        "of the request's routing key; otherwise to the least-loaded worker.",
+    )
+    balance_abs_threshold: int = option(
+        64,
+        "cache-aware: the load is imbalanced (route to the least-loaded worker, whatever "
+        "the match) when max - min in-flight requests exceeds this ...",
+    )
+    balance_rel_threshold: float = option(
+        1.5,
+        "... and max in-flight exceeds min in-flight times this.",
+    )
+    max_tree_characters: int = option(
+        1 << 24,
+        "cache-aware: characters each worker's approximate prefix tree keeps "
+        "(least recently used branches are evicted beyond it).",
+    )
+    health_interval: float = option(2.0, "Seconds between /health probes of a healthy worker.")
+    health_timeout: float = option(2.0, "Seconds a /health probe may take.")
+    health_failure_threshold: int = option(
+        2,
+        "Consecutive failed probes that take a worker out (a refused connection on a "
+        "proxied request takes it out at once).",
+    )
+    retry_backoff_initial: float = option(
+        0.5, "Seconds before an out worker is probed again; doubles per failure ..."
+    )
+    retry_backoff_max: float = option(15.0, "... up to this many seconds.")
+    connect_timeout: float = option(5.0, "Seconds to open a connection to a worker.")
+    request_timeout: float = option(
+        0.0, "Seconds a worker may take to send its response headers (0: no limit)."
+    )
+    discover_selector: str = option(
+        "",
+        "Kubernetes: label selector (k=v[,k=v]) of the EndpointSlices of the runtime pods, "
+        "e.g. kubernetes.io/service-name=my-model; ready endpoints join, others leave.",
+    )
+    discover_namespace: str = option(
+        "", "Kubernetes: namespace to watch (default: the router pod's own namespace)."
+    )
+    discover_port_name: str = option(
+        C.CONTAINER_PORT_NAME, "Kubernetes: EndpointSlice port name of the runtime's HTTP port."
+    )
+    kubeconfig: str = option(
+        "",
+        "Kubernetes: kubeconfig file for discovery (default: in-cluster config, else "
+        "$KUBECONFIG or ~/.kube/config).",
+    )
+    drain_timeout: float = option(
+        30.0, "Seconds SIGTERM waits for open requests before the router exits."
+    )
+    log_level: str = option("info", "Log level.", ("debug", "info", "warning", "error"))
+
+    @property
+    def discovery_enabled(self) -> bool:
+        return bool(self.discover_selector)
+
+    def validate(self) -> None:
+        problems = []
+        if not self.worker_urls and not self.discover_selector:
+            problems.append("give --worker-urls, or --discover-selector to find workers")
+        for url in self.worker_urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                problems.append(f"--worker-urls: {url!r} is not an http(s)://host:port URL")
+        if len(set(self.worker_urls)) != len(self.worker_urls):
+            problems.append("--worker-urls: a URL is given twice")
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            problems.append("--cache-threshold must be in [0, 1]")
+        if self.balance_abs_threshold < 0 or self.balance_rel_threshold < 1.0:
+            problems.append("--balance-abs-threshold must be >= 0, --balance-rel-threshold >= 1")
+        if self.max_tree_characters < 1:
+            problems.append("--max-tree-characters must be >= 1")
+        if self.health_interval <= 0 or self.health_timeout <= 0:
+            problems.append("--health-interval and --health-timeout must be > 0")
+        if self.health_failure_threshold < 1:
+            problems.append("--health-failure-threshold must be >= 1")
+        if not 0 < self.retry_backoff_initial <= self.retry_backoff_max:
+            problems.append("need 0 < --retry-backoff-initial <= --retry-backoff-max")
+        if self.connect_timeout <= 0 or self.request_timeout < 0:
+            problems.append("--connect-timeout must be > 0 and --request-timeout >= 0")
+        if self.discover_selector:
+            for term in self.discover_selector.split(","):
+                key, eq, value = term.partition("=")
+                if not eq or not key.strip() or "!" in key:
+                    problems.append(
+                        f"--discover-selector: {term!r} is not k=v (equality selectors only)"
+                    )
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        add_flags(parser, RouterArgs)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> RouterArgs:
+        values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
+        values["worker_urls"] = tuple(u.rstrip("/") for u in values["worker_urls"] or ())
+        args = cls(**values)
+        args.validate()
+        return args

@@ -1,0 +1,141 @@
+"""The router's Prometheus metrics (names in `sluice.runtime.constants`).
+
+- `sluice_router_requests_total{worker}`: requests sent to each worker (a retried request
+  counts once per worker it was sent to).
+- `sluice_router_routing_decisions_total{policy,reason}`: one per routed request; reasons
+  in `policies.REASONS`.
+- `sluice_router_prefix_match_characters`: histogram of the prefix (characters, or token
+  ids for token prompts) the chosen worker's tree held, cache-aware decisions only.
+- `sluice_router_retries_total`: requests sent to a second worker after the first failed
+  before its first byte.
+- `sluice_router_upstream_errors_total{worker,reason}`: failed sends (connect, read,
+  unavailable: a 503 from a starting or draining worker, timeout).
+- `sluice_router_failed_requests_total{reason}`: requests the router answered itself with
+  an error (no_worker: none healthy; upstream: every try failed; mid_stream: the worker
+  failed after the response had started).
+- `sluice_router_overhead_seconds`: histogram of what the router adds to a request's time
+  to first byte on its own clock: from the request (body read) to the first byte written to
+  the client, less the time the worker took from the request sent to its first byte (so
+  routing, forwarding, failed tries and the relay of the first chunk count; the network
+  hop to the worker does not).
+- gauges per worker, from the pool at scrape time: `sluice_router_worker_healthy` (1/0),
+  `sluice_router_worker_in_flight_requests`, `sluice_router_tree_characters`.
+
+A worker that leaves the pool loses its series (discovered pods come and go; their URLs
+must not pile up as label values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sluice.runtime import constants as C
+from sluice.runtime.router.policies import REASONS, Decision
+from sluice.runtime.router.workers import Worker, WorkerPool
+
+FAILURE_REASONS = ("no_worker", "upstream", "mid_stream")
+
+
+class _PoolGauges(Collector):
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        label = [C.LABEL_WORKER]
+        healthy = GaugeMetricFamily(
+            C.METRIC_ROUTER_WORKER_HEALTHY, "1 while the worker is routable, else 0.", labels=label
+        )
+        in_flight = GaugeMetricFamily(
+            C.METRIC_ROUTER_WORKER_IN_FLIGHT, "Requests the router has open on the worker.",
+            labels=label,
+        )  # fmt: skip
+        tree = GaugeMetricFamily(
+            C.METRIC_ROUTER_TREE_CHARACTERS,
+            "Size of the worker's approximate prefix tree (characters or token ids).",
+            labels=label,
+        )
+        for w in list(self.pool.workers.values()):
+            healthy.add_metric([w.url], 1.0 if w.healthy else 0.0)
+            in_flight.add_metric([w.url], float(w.in_flight))
+            tree.add_metric([w.url], float(w.tree.size))
+        yield from (healthy, in_flight, tree)
+
+    def describe(self) -> Iterator[Metric]:
+        return self.collect()
+
+
+class RouterMetrics:
+    def __init__(self, pool: WorkerPool, policy: str) -> None:
+        disable_created_metrics()
+        self.policy = policy
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_PoolGauges(pool))
+        r = self.registry
+        self.requests = Counter(
+            C.METRIC_ROUTER_REQUESTS_TOTAL, "Requests sent to each worker.", [C.LABEL_WORKER],
+            registry=r,
+        )  # fmt: skip
+        self.decisions = Counter(
+            C.METRIC_ROUTER_DECISIONS_TOTAL, "Routing decisions by policy and reason.",
+            [C.LABEL_POLICY, C.LABEL_REASON], registry=r,
+        )  # fmt: skip
+        for reason in REASONS:  # every reason exists from the start: rate() sees a 0
+            self.decisions.labels(policy, reason)
+        self.prefix_match = Histogram(
+            C.METRIC_ROUTER_PREFIX_MATCH_CHARACTERS,
+            "Prefix of the routing key the chosen worker's tree held (cache-aware).",
+            buckets=C.ROUTER_PREFIX_MATCH_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.retries = Counter(
+            C.METRIC_ROUTER_RETRIES_TOTAL,
+            "Requests resent to another worker after failing before their first byte.",
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            C.METRIC_ROUTER_UPSTREAM_ERRORS_TOTAL, "Failed sends to a worker, by reason.",
+            [C.LABEL_WORKER, C.LABEL_REASON], registry=r,
+        )  # fmt: skip
+        self.failed = Counter(
+            C.METRIC_ROUTER_FAILED_REQUESTS_TOTAL,
+            "Requests the router answered with an error itself, by reason.",
+            [C.LABEL_REASON], registry=r,
+        )  # fmt: skip
+        self.overhead = Histogram(
+            C.METRIC_ROUTER_OVERHEAD_SECONDS,
+            "Router's own share of a request's time to first byte.",
+            buckets=C.ROUTER_OVERHEAD_BUCKETS_SECONDS, registry=r,
+        )  # fmt: skip
+        for reason in FAILURE_REASONS:
+            self.failed.labels(reason)
+        pool.on_removed.append(self.forget)
+
+    def on_decision(self, decision: Decision) -> None:
+        self.decisions.labels(self.policy, decision.reason).inc()
+        if decision.match_len is not None:
+            self.prefix_match.observe(decision.match_len)
+
+    def on_sent(self, worker: Worker) -> None:
+        self.requests.labels(worker.url).inc()
+
+    def on_upstream_error(self, worker: Worker, reason: str) -> None:
+        self.upstream_errors.labels(worker.url, reason).inc()
+
+    def forget(self, worker: Worker) -> None:
+        for counter in (self.requests, self.upstream_errors):
+            for labels in list(counter._metrics):  # prometheus_client keeps children here
+                if labels[0] == worker.url:
+                    counter.remove(*labels)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
