@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 from operator_validators import k8s_validate
 
-from sluice.operator.reconcile import plan
+from sluice.operator.children import plan
 
 SOURCES = {
     "bundled": {"source": "bundled://smollm2-135m"},
@@ -132,3 +132,31 @@ def test_the_validation_is_strict_enough_to_fail(make_spec):
     deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGets"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         k8s_validate(deployment)
+
+
+def test_every_new_pod_option_is_valid_kubernetes(make_spec):
+    isvc = make_spec(
+        model={"source": "hf://org/m-GGUF", "files": ["m-q4.gguf"], "cache": {"claimName": "hub"}},
+        resources={"gpus": 2, "shmSize": "4Gi", "memory": "64Gi"},
+        serviceAccountName="inference",
+        imagePullSecrets=[{"name": "regcred"}],
+        podMetadata={"labels": {"team": "ml"}, "annotations": {"example.com/owner": "ml"}},
+        networkPolicy={"enabled": True, "allowedNamespaces": ["apps"]},
+        scheduling={
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "chat"}},
+                }
+            ]
+        },
+        autoscaling={"enabled": True, "minReplicas": 2},
+    )
+    children = plan(isvc, podmonitors=None, run_as_user=None).apply
+    assert {obj["kind"] for obj in children} == {
+        "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "NetworkPolicy",
+    }  # fmt: skip
+    for obj in children:
+        k8s_validate(obj)

@@ -20,15 +20,26 @@ from .spec import (
     Autoscaling,
     InferenceServiceSpec,
     MetricTarget,
+    NetworkPolicy,
+    PodOptions,
     Resources,
     RuntimeOptions,
     ScalingPolicy,
     ScalingRules,
     Scheduling,
 )
-from .validation import DNS1035_LABEL, DNS1123_SUBDOMAIN, ENV_NAME, LABEL_VALUE, Reader, SpecError
+from .validation import (
+    DNS1035_LABEL,
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    ENV_NAME,
+    LABEL_VALUE,
+    Reader,
+    SpecError,
+    check_label_key,
+)
 
-__all__ = ["MANAGED_FLAGS", "RESERVED_ENV", "SpecError", "parse_spec"]
+__all__ = ["MANAGED_FLAGS", "RESERVED_ENV", "SpecError", "abbreviates", "parse_spec"]
 
 GPU_RESOURCE = re.compile(
     r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -52,9 +63,31 @@ MANAGED_FLAGS = (
     rc.FLAG_MEM_FRACTION_STATIC,
     rc.FLAG_ATTENTION_BACKEND,
     rc.FLAG_DTYPE,
+    rc.FLAG_STARTUP_TIMEOUT,
+    rc.FLAG_DRAIN_TIMEOUT,
 )
-# environment variables the operator sets itself; spec.env may not repeat them
-RESERVED_ENV = (c.ENV_HF_TOKEN, c.ENV_HF_HOME, c.ENV_XDG_CACHE_HOME, rc.ENV_API_KEY)
+# environment variables the operator sets itself (in the runtime or the download
+# container); spec.env may not repeat them
+RESERVED_ENV = (
+    c.ENV_HF_TOKEN,
+    c.ENV_HF_HOME,
+    c.ENV_XDG_CACHE_HOME,
+    rc.ENV_API_KEY,
+    c.ENV_MODEL_REPO,
+    c.ENV_MODEL_REVISION,
+    c.ENV_MODEL_DIR,
+    c.ENV_MODEL_FILES,
+    c.ENV_MODEL_CACHE,
+)
+# pod labels the operator sets itself; spec.podMetadata.labels may not repeat them
+RESERVED_POD_LABELS = (
+    c.LABEL_NAME,
+    c.LABEL_INSTANCE,
+    c.LABEL_COMPONENT,
+    c.LABEL_PART_OF,
+    c.LABEL_MANAGED_BY,
+    c.LABEL_POD_TEMPLATE_HASH,
+)
 
 SPEC_FIELDS = (
     "model",
@@ -67,6 +100,10 @@ SPEC_FIELDS = (
     "env",
     "startupTimeoutSeconds",
     "terminationGracePeriodSeconds",
+    "serviceAccountName",
+    "imagePullSecrets",
+    "podMetadata",
+    "networkPolicy",
 )
 RUNTIME_FIELDS = (
     "tensorParallelSize",
@@ -116,6 +153,8 @@ def parse_spec(
     autoscaling = _autoscaling(r, spec)
     scheduling = _scheduling(r, spec)
     env = _env(r, spec)
+    pod = _pod(r, spec)
+    network_policy = _network_policy(r, spec)
     startup = r.integer(
         spec,
         "startupTimeoutSeconds",
@@ -129,7 +168,7 @@ def parse_spec(
         "terminationGracePeriodSeconds",
         "spec.terminationGracePeriodSeconds",
         default=c.DEFAULT_TERMINATION_GRACE_SECONDS,
-        minimum=c.PRESTOP_SLEEP_SECONDS + 5,
+        minimum=c.MIN_TERMINATION_GRACE_SECONDS,
         maximum=3600,
     )
     r.raise_if_invalid()
@@ -148,12 +187,14 @@ def parse_spec(
         env=env,
         startup_timeout_seconds=startup,
         termination_grace_period_seconds=grace,
+        pod=pod,
+        network_policy=network_policy,
     )
 
 
 def _resources(r: Reader, spec: Mapping[str, Any]) -> Resources:
     res = r.mapping(spec, "resources", "spec.resources")
-    r.known(res, ("gpus", "gpuResource", "cpu", "memory"), "spec.resources")
+    r.known(res, ("gpus", "gpuResource", "cpu", "memory", "shmSize"), "spec.resources")
     gpus = r.integer(res, "gpus", "spec.resources.gpus", default=0, minimum=0, maximum=c.MAX_GPUS)
     gpu_resource = r.string(
         res,
@@ -168,6 +209,7 @@ def _resources(r: Reader, spec: Mapping[str, Any]) -> Resources:
         gpu_resource=gpu_resource or c.DEFAULT_GPU_RESOURCE,
         cpu=r.quantity(res, "cpu", "spec.resources.cpu"),
         memory=r.quantity(res, "memory", "spec.resources.memory"),
+        shm_size=r.quantity(res, "shmSize", "spec.resources.shmSize"),
     )
 
 
@@ -175,22 +217,26 @@ def _runtime(r: Reader, spec: Mapping[str, Any], resources: Resources) -> Runtim
     rt = r.mapping(spec, "runtime", "spec.runtime")
     p = "spec.runtime"
     r.known(rt, RUNTIME_FIELDS, p)
+    # one replica is one model instance: its GPUs are its tensor-parallel ranks
     tp = (
         r.integer(
             rt,
             "tensorParallelSize",
             f"{p}.tensorParallelSize",
-            default=c.DEFAULT_TENSOR_PARALLEL_SIZE,
+            default=resources.gpus or c.DEFAULT_TENSOR_PARALLEL_SIZE,
             minimum=1,
             maximum=c.MAX_TENSOR_PARALLEL_SIZE,
         )
         or c.DEFAULT_TENSOR_PARALLEL_SIZE
     )
-    if resources.gpus > 0 and resources.gpus % tp != 0:
+    if resources.gpus > 0 and resources.gpus != tp:
         r.fail(
             f"{p}.tensorParallelSize",
-            f"{tp} does not divide spec.resources.gpus ({resources.gpus})",
+            f"{tp} must equal spec.resources.gpus ({resources.gpus}): each replica runs one"
+            " model sharded over its GPUs",
         )
+    if resources.shm_size and tp == 1:
+        r.fail("spec.resources.shmSize", "is only used with tensorParallelSize > 1")
     backend = r.string(
         rt, "attentionBackend", f"{p}.attentionBackend", choices=rc.ATTENTION_BACKENDS
     )
@@ -198,9 +244,11 @@ def _runtime(r: Reader, spec: Mapping[str, Any], resources: Resources) -> Runtim
         r.fail(f"{p}.attentionBackend", "flashinfer needs spec.resources.gpus > 0")
     extra = r.strings(rt, "extraArgs", f"{p}.extraArgs", max_items=c.MAX_EXTRA_ARGS, max_length=256)
     for index, arg in enumerate(extra):
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
-            r.fail(f"{p}.extraArgs[{index}]", f"{flag} is set by the operator from its own field")
+        managed = abbreviates(arg)
+        if managed is not None:
+            flag = arg.split("=", 1)[0]
+            what = managed if flag == managed else f"{flag} (read as {managed})"
+            r.fail(f"{p}.extraArgs[{index}]", f"{what} is set by the operator from its own field")
     return RuntimeOptions(
         tensor_parallel_size=tp,
         page_size=r.integer(rt, "pageSize", f"{p}.pageSize", minimum=1, maximum=4096),
@@ -228,6 +276,15 @@ def _runtime(r: Reader, spec: Mapping[str, Any], resources: Resources) -> Runtim
         ),
         extra_args=tuple(extra),
     )
+
+
+def abbreviates(arg: str) -> str | None:
+    """The managed flag `arg` would set if argparse read it with abbreviations allowed
+    (`--por=1` is `--port=1`; `--` alone ends the options), or None."""
+    flag = arg.split("=", 1)[0]
+    if not flag.startswith("--"):
+        return None
+    return next((managed for managed in MANAGED_FLAGS if managed.startswith(flag)), None)
 
 
 def _autoscaling(r: Reader, spec: Mapping[str, Any]) -> Autoscaling:
@@ -323,7 +380,16 @@ def _scheduling(r: Reader, spec: Mapping[str, Any]) -> Scheduling:
     s = r.mapping(spec, "scheduling", "spec.scheduling")
     p = "spec.scheduling"
     r.known(
-        s, ("nodeSelector", "tolerations", "affinity", "priorityClassName", "runtimeClassName"), p
+        s,
+        (
+            "nodeSelector",
+            "tolerations",
+            "affinity",
+            "priorityClassName",
+            "runtimeClassName",
+            "topologySpreadConstraints",
+        ),
+        p,
     )
     node_selector = r.string_map(s, "nodeSelector", f"{p}.nodeSelector")
     for key, value in node_selector.items():
@@ -340,6 +406,11 @@ def _scheduling(r: Reader, spec: Mapping[str, Any]) -> Scheduling:
             r.fail(f"{path}.value", "must be empty when operator is Exists")
         r.known(tol, ("key", "operator", "value", "effect", "tolerationSeconds"), path)
     affinity = r.mapping(s, "affinity", f"{p}.affinity") if s.get("affinity") is not None else None
+    spread: tuple[Mapping[str, Any], ...] | None = None
+    if s.get("topologySpreadConstraints") is not None:
+        spread = tuple(
+            r.objects(s, "topologySpreadConstraints", f"{p}.topologySpreadConstraints", max_items=8)
+        )
     return Scheduling(
         node_selector=node_selector,
         tolerations=tuple(tolerations),
@@ -358,6 +429,7 @@ def _scheduling(r: Reader, spec: Mapping[str, Any]) -> Scheduling:
             pattern=DNS1123_SUBDOMAIN,
             max_length=253,
         ),
+        topology_spread_constraints=spread,
     )
 
 
@@ -382,3 +454,59 @@ def _env(r: Reader, spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
             r.mapping(item, "valueFrom", f"{path}.valueFrom")
         r.known(item, ("name", "value", "valueFrom"), path)
     return tuple(items)
+
+
+def _pod(r: Reader, spec: Mapping[str, Any]) -> PodOptions:
+    account = r.string(
+        spec, "serviceAccountName", "spec.serviceAccountName", pattern=DNS1123_SUBDOMAIN,
+        max_length=253,
+    )  # fmt: skip
+    secrets: list[str] = []
+    for index, ref in enumerate(
+        r.objects(spec, "imagePullSecrets", "spec.imagePullSecrets", max_items=16)
+    ):
+        path = f"spec.imagePullSecrets[{index}]"
+        r.known(ref, ("name",), path)
+        name = r.string(
+            ref, "name", f"{path}.name", required=True, pattern=DNS1123_SUBDOMAIN, max_length=253
+        )
+        if name:
+            secrets.append(name)
+    meta = r.mapping(spec, "podMetadata", "spec.podMetadata")
+    r.known(meta, ("labels", "annotations"), "spec.podMetadata")
+    labels = r.string_map(meta, "labels", "spec.podMetadata.labels")
+    for key, value in labels.items():
+        path = f"spec.podMetadata.labels.{key}"
+        check_label_key(r, key, path)
+        if key in RESERVED_POD_LABELS:
+            r.fail(path, f"{key} is set by the operator")
+        if len(value) > 63 or not LABEL_VALUE.match(value):
+            r.fail(path, f"{value!r} is not a valid label value")
+    annotations = r.string_map(meta, "annotations", "spec.podMetadata.annotations")
+    for key in annotations:
+        check_label_key(r, key, f"spec.podMetadata.annotations.{key}")
+    return PodOptions(
+        service_account_name=account,
+        image_pull_secrets=tuple(secrets),
+        labels=labels,
+        annotations=annotations,
+    )
+
+
+def _network_policy(r: Reader, spec: Mapping[str, Any]) -> NetworkPolicy:
+    p = "spec.networkPolicy"
+    policy = r.mapping(spec, "networkPolicy", p)
+    r.known(policy, ("enabled", "allowedNamespaces", "monitoringNamespace"), p)
+    namespaces = r.strings(policy, "allowedNamespaces", f"{p}.allowedNamespaces", max_items=64)
+    for index, name in enumerate(namespaces):
+        if len(name) > 63 or not DNS1123_LABEL.match(name):
+            r.fail(f"{p}.allowedNamespaces[{index}]", f"{name!r} is not a namespace name")
+    monitoring = r.string(
+        policy, "monitoringNamespace", f"{p}.monitoringNamespace",
+        default=c.DEFAULT_MONITORING_NAMESPACE, pattern=DNS1123_LABEL, max_length=63,
+    )  # fmt: skip
+    return NetworkPolicy(
+        enabled=r.boolean(policy, "enabled", f"{p}.enabled", default=False),
+        allowed_namespaces=tuple(namespaces),
+        monitoring_namespace=monitoring,
+    )
