@@ -157,6 +157,9 @@ class Cluster:
         """Make the next `times` matching requests fail with `status`, changing nothing."""
         self.on_loop(lambda: self.emulator.faults.append([method, path_suffix, status, times]))
 
+    def clear_faults(self) -> None:
+        self.on_loop(self.emulator.faults.clear)
+
     def hold_gc(self) -> None:
         """Stop the garbage collector (deleted owners keep their dependents for now)."""
         self.on_loop(lambda: setattr(self.emulator, "gc_held", True))

@@ -16,7 +16,8 @@ an API server adds. `SluiceEmulator` fills the gaps:
   the User-Agent's product) as the owner of what they changed;
 - the scale subresource (`kubectl scale`, the HPA) sets `.spec.replicas`;
 - label selectors on lists and watches (`a=b`, `a!=b`, `a`, `!a`, comma-joined);
-- no-op writes produce no watch event and keep the resourceVersion;
+- no-op writes produce no watch event and keep the resourceVersion; `dryRun=All`
+  answers with what an update would store and changes nothing;
 - only declared resources are served (a removed CRD's resource answers 404);
 - garbage collection that lags, as the real collector does: deleting an owner deletes its
   dependents (by ownerReferences uid) from a background task, and a dependent created for
@@ -67,6 +68,8 @@ class SluiceEmulator(kmock.KubernetesEmulator):
     # owner uids whose dependents the collector has still to delete
     gc_pending: list[str] = attrs.field(factory=list, init=False)
     gc_held: bool = attrs.field(default=False, init=False)
+    # what a dry-run write would have stored, by request (answered instead of the object)
+    dry_runs: dict[int, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _gc_wakeup: asyncio.Event | None = attrs.field(default=None, init=False)
     _gc_task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
 
@@ -173,6 +176,11 @@ class SluiceEmulator(kmock.KubernetesEmulator):
         """Only the declared resources are served (kmock also serves the resources of any
         object ever stored; a real API server stops serving a CRD's resource when it goes)."""
         return kmock.KubernetesScaffold._get_resources(self)
+
+    async def _serve_update(self, request: kmock.Request) -> Any:
+        if id(request) in self.dry_runs:
+            return self.dry_runs.pop(id(request))
+        return await super()._serve_update(request)
 
     async def _serve_list(self, request: kmock.Request) -> Any:
         listing = await super()._serve_list(request)
@@ -284,7 +292,10 @@ class SluiceEmulator(kmock.KubernetesEmulator):
         if isinstance(data, Mapping):
             _check_resource_version(old, data)
         subresources = self._subresources(resource)
+        dry_run = request.params.get("dryRun") == "All"
         owners = self._owners_of(old)
+        if dry_run:
+            owners = copy.deepcopy(owners)
         subresource = request.subresource or ""
         if applying:
             config = {k: v for k, v in data.items() if k != STATUS}
@@ -307,6 +318,9 @@ class SluiceEmulator(kmock.KubernetesEmulator):
             new["metadata"] = {**_server_metadata(old), **_client_metadata(new)}
             fm.update(old, new, owners, manager, subresource=subresource)
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if dry_run:
+            self.dry_runs[id(request)] = new  # nothing is stored, nothing is announced
+            return
         self._stamp_managed_fields(new, previous=old)
         if new == old:
             return  # a no-op write: no event, same resourceVersion

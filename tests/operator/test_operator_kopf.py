@@ -777,25 +777,77 @@ def test_an_autoscaler_without_metrics_is_degraded(cluster, ns):
 # --- upgrades and optional APIs ----------------------------------------------------------------
 
 
-def test_the_resolved_image_is_kept_until_the_spec_changes(cluster, ns):
+OLD_IMAGE = "registry.example/sluice-runtime:0.9"
+
+
+def runtime_container(cluster: Cluster, ns: str) -> dict[str, Any]:
+    return get(cluster, DEPLOYMENT, ns, "chat")["spec"]["template"]["spec"]["containers"][0]
+
+
+@contextlib.contextmanager
+def reconciles_held(cluster: Cluster, ns: str, name: str = "chat") -> Iterator[None]:
+    """No reconcile of `ns/name` runs inside: each fails at its first request (reading the
+    object) and backs off. Entered once one has failed so (so none was still running: a
+    key is reconciled by one worker at a time). The test must not read the object inside."""
+    path = f"/namespaces/{ns}/inferenceservices/{name}"
+    cluster.fail("GET", path, 503, times=10**6)
+
+    def held() -> bool:
+        return any(
+            r["path"].endswith(path)
+            and r["status"] == 503
+            and r["user_agent"].startswith("sluice-operator")
+            for r in cluster.requests()
+        )
+
+    try:
+        wait_for(held, timeout=RESYNC_S + WAIT_S, what="a reconcile to be held")
+        yield
+    finally:
+        cluster.clear_faults()
+
+
+def as_an_older_operator_left_it(
+    cluster: Cluster, ns: str, *, args: list[str] | None = None
+) -> None:
+    """The Deployment runs OLD_IMAGE (and `args`, if given) and the status records it."""
+    patch = [
+        {"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": OLD_IMAGE}
+    ]
+    if args is not None:
+        patch.append(
+            {"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}
+        )
+    with reconciles_held(cluster, ns):
+        cluster.patch(*DEPLOYMENT, ns, "chat", patch, json_patch=True)
+        cluster.patch(*ISVC, ns, "chat", {"status": {"image": OLD_IMAGE}}, subresource="status")
+
+
+def test_an_operator_upgrade_does_not_roll_pods_for_a_new_default_image(cluster, ns):
     create(cluster, ns, "chat")
     wait_for(lambda: status(cluster, ns, "chat").get("image") == IMAGE, what="the recorded image")
+    as_an_older_operator_left_it(cluster, ns)
+    applies = deployment_applies(cluster, ns)
 
-    # as if an older operator had applied it: status names an older default image
-    cluster.patch(*ISVC, ns, "chat", {"status": {"image": "registry.example/sluice-runtime:0.9"}},
-                  subresource="status")  # fmt: skip
-    wait_for(
-        lambda: (
-            get(cluster, DEPLOYMENT, ns, "chat")["spec"]["template"]["spec"]["containers"][0][
-                "image"
-            ]
-            == "registry.example/sluice-runtime:0.9"
-        ),
-        what="the recorded image kept",
-    )
+    wait_for(lambda: deployment_applies(cluster, ns) > applies, timeout=RESYNC_S + WAIT_S,
+             what="a resync")  # fmt: skip
+    assert runtime_container(cluster, ns)["image"] == OLD_IMAGE  # kept: no roll
+    assert status(cluster, ns, "chat")["image"] == OLD_IMAGE
 
     patch_spec(cluster, ns, "chat", {"env": [{"name": "LOG_LEVEL", "value": "debug"}]})
-    wait_for(lambda: status(cluster, ns, "chat").get("image") == IMAGE, what="the new default")
+    wait_for(lambda: runtime_container(cluster, ns)["image"] == IMAGE, what="the new default")
+    assert status(cluster, ns, "chat")["image"] == IMAGE
+
+
+def test_pods_that_change_anyway_move_to_the_new_default_image(cluster, ns):
+    create(cluster, ns, "chat")
+    wait_for(lambda: status(cluster, ns, "chat").get("image") == IMAGE, what="the recorded image")
+    older_args = runtime_container(cluster, ns)["args"][:10]  # rendered without the new flags
+    as_an_older_operator_left_it(cluster, ns, args=older_args)
+
+    wait_for(lambda: runtime_container(cluster, ns)["image"] == IMAGE, timeout=RESYNC_S + WAIT_S,
+             what="one roll to the new template and the new default image")  # fmt: skip
+    assert "--drain-timeout" in runtime_container(cluster, ns)["args"]
 
 
 def test_podmonitor_is_created_when_the_api_appears(cluster, ns):

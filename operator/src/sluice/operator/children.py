@@ -96,11 +96,13 @@ def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
 
 
 def check_ownership(
-    existing: Mapping[str, Mapping[str, Any] | None], owner: Mapping[str, Any]
+    the_plan: Plan, existing: Mapping[str, Mapping[str, Any] | None], owner: Mapping[str, Any]
 ) -> None:
-    """Raise Blocked unless every existing child is ours (pure)."""
+    """Raise Blocked unless every existing object the plan applies is ours (pure). An
+    object of a kind the plan removes is only deleted if it is ours, so it blocks nothing."""
     meta = owner["metadata"]
-    for kind, current in existing.items():
+    for kind in (resource_of(child).kind for child in the_plan.apply):
+        current = existing.get(kind)
         if current is None or owned_by(current, meta["uid"]):
             continue
         where = f"{kind} {meta['namespace']}/{meta['name']}"

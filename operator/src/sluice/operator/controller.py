@@ -82,7 +82,9 @@ class Controller:
         where = f"{key[0]}/{key[1]}"
         try:
             outcome = await reconcile(
-                key, self.ctx, seen=lambda generation: self._generations.__setitem__(key, generation)
+                key,
+                self.ctx,
+                seen=lambda generation: self._generations.__setitem__(key, generation),
             )
         except StatusConflict:
             logger.info(f"[{where}] changed while reconciling; again")

@@ -131,15 +131,24 @@ class KubeApi:
         return items
 
     async def apply(
-        self, obj: Mapping[str, Any], *, manager: str = c.FIELD_MANAGER, force: bool = True
+        self,
+        obj: Mapping[str, Any],
+        *,
+        manager: str = c.FIELD_MANAGER,
+        force: bool = True,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
-        """Server-side apply `obj` as `manager`; returns the object as stored. Without
-        `force`, a field another manager owns with another value is a 409 Conflict."""
+        """Server-side apply `obj` as `manager`; returns the object as stored (with
+        `dry_run`, as it would be stored: defaulted, nothing changed). Without `force`, a
+        field another manager owns with another value is a 409 Conflict."""
         meta = obj["metadata"]
+        params = {"fieldManager": manager, "force": "true" if force else "false"}
+        if dry_run:
+            params["dryRun"] = "All"
         return await self._request(
             "PATCH",
             resource_of(obj).path(meta["namespace"], meta["name"]),
-            params={"fieldManager": manager, "force": "true" if force else "false"},
+            params=params,
             body=json.dumps(obj),
             content_type="application/apply-patch+yaml",
         )

@@ -24,10 +24,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import kopf
+
 from . import constants as c
 from .children import (
     Applied,
     Blocked,
+    Plan,
     apply_children,
     check_ownership,
     deployment_of,
@@ -80,7 +83,8 @@ class StatusConflict(Exception):
 def default_image(body: Mapping[str, Any], settings: Settings) -> str:
     """The image for a spec without `spec.image`: the one recorded in the status while the
     spec is unchanged since (an operator upgrade does not roll the fleet), otherwise the
-    operator's default."""
+    operator's default. (`reconcile` still moves to the default when the pods must change
+    anyway: see `_keeps_pods`.)"""
     status = body.get("status") or {}
     generation = (body.get("metadata") or {}).get("generation")
     if (
@@ -121,7 +125,7 @@ async def reconcile(
     probe = plan(isvc, podmonitors=podmonitors)
     existing = await read_children(ctx.api, probe, namespace, name)
     try:
-        check_ownership(existing, body)
+        check_ownership(probe, existing, body)
     except Blocked as blocked:
         phase = c.PHASE_PENDING if blocked.reason == c.REASON_WAITING_FOR_GC else c.PHASE_FAILED
         failure = Failure(blocked.reason, str(blocked), phase)
@@ -132,8 +136,11 @@ async def reconcile(
             ctx, body, failed_observation(body, deployment, failure=failure), RETRY
         )
 
+    hpa = existing.get(HPAS.kind)
     decision = decide(
-        isvc, existing.get(DEPLOYMENTS.kind), hpa_exists=existing.get(HPAS.kind) is not None
+        isvc,
+        existing.get(DEPLOYMENTS.kind),
+        hpa_exists=hpa is not None and owned_by(hpa, body["metadata"]["uid"]),
     )
     if decision.copy_to_spec is not None:
         logger.info(
@@ -153,6 +160,17 @@ async def reconcile(
         replicas=decision.deployment_replicas,
         run_as_user=ctx.settings.run_as_user,
     )
+    current = existing.get(DEPLOYMENTS.kind)
+    if isvc.image != ctx.settings.default_image and not (body.get("spec") or {}).get("image"):
+        if current is None or not await _keeps_pods(ctx.api, wanted, current, body):
+            # the pods are (re)made anyway: make them with the current default image
+            isvc = dataclasses.replace(isvc, image=ctx.settings.default_image)
+            wanted = plan(
+                isvc,
+                podmonitors=podmonitors,
+                replicas=decision.deployment_replicas,
+                run_as_user=ctx.settings.run_as_user,
+            )
     try:
         applied = await apply_children(ctx.api, wanted, existing, owner=body)
     except ApiError as error:
@@ -206,6 +224,19 @@ async def _owned(api: KubeApi, body: Mapping[str, Any]) -> dict[str, Any] | None
     if deployment is None or not owned_by(deployment, meta["uid"]):
         return None
     return deployment
+
+
+async def _keeps_pods(
+    api: KubeApi, wanted: Plan, current: Mapping[str, Any], owner: Mapping[str, Any]
+) -> bool:
+    """Whether applying the planned Deployment leaves its pod template as it is (a dry
+    run: the API server answers with the object as it would store it, defaults and all,
+    so it compares like for like with the stored one)."""
+    [deployment] = [dict(child) for child in wanted.apply if child["kind"] == DEPLOYMENTS.kind]
+    kopf.adopt(deployment, owner=owner)  # type: ignore[arg-type]
+    would_be = await api.apply(deployment, dry_run=True)
+    template: Any = (would_be.get("spec") or {}).get("template")
+    return bool(template == (current.get("spec") or {}).get("template"))
 
 
 async def _podmonitors_wanted(ctx: Context) -> bool | None:
