@@ -134,8 +134,10 @@ def test_bounds_match_the_operator(crd):
             "model": {"source": "bundled://smollm2-135m"},
             "autoscaling": {"behavior": {"scaleDown": {}}},
         },
+        {"model": {"source": "bundled://smollm2-135m"}, "resources": {"gpus": 2}},
+        {"model": {"source": "bundled://smollm2-135m"}, "networkPolicy": {"enabled": True}},
     ],
-    ids=["bundled", "hf", "pvc", "autoscaling", "behavior"],
+    ids=["bundled", "hf", "pvc", "autoscaling", "behavior", "gpus-without-tp", "network-policy"],
 )
 def test_crd_defaults_agree_with_the_operator_defaults(crd_validator, spec):
     obj = isvc_object()
@@ -185,6 +187,10 @@ def test_cel_rules_reject_what_the_schema_alone_allows(crd_validator):
     """These objects pass the OpenAPI schema; only the CEL rules catch them."""
     cross_field = {
         "tp": {"resources": {"gpus": 3}, "runtime": {"tensorParallelSize": 2}},
+        "shm": {"resources": {"gpus": 1, "shmSize": "1Gi"}},
+        "abbreviation": {"runtime": {"extraArgs": ["--por=8081"]}},
+        "files-on-pvc": {"model": {"source": "pvc://m/x", "files": ["*.gguf"]}},
+        "pod-label": {"podMetadata": {"labels": {"app.kubernetes.io/managed-by": "me"}}},
         "scaling": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
         "flags": {"runtime": {"extraArgs": ["--host=1.2.3.4"]}},
         "kv": {"autoscaling": {"metrics": [{"type": "kvTokenUsage", "target": 2}]}},
@@ -205,10 +211,18 @@ def test_a_valid_object_with_every_field_passes(crd_validator):
             "servedName": "m",
             "tokenSecretRef": {"name": "hf", "key": "t"},
             "storageSize": "20Gi",
+            "files": ["*.safetensors", "*.json"],
+            "cache": {"claimName": "hf-cache"},
         },
         image="img:1",
         replicas=2,
-        resources={"gpus": 4, "gpuResource": "amd.com/gpu", "cpu": "500m", "memory": "8Gi"},
+        resources={
+            "gpus": 4,
+            "gpuResource": "amd.com/gpu",
+            "cpu": "500m",
+            "memory": "8Gi",
+            "shmSize": "8Gi",
+        },
         runtime={
             "tensorParallelSize": 4,
             "pageSize": 16,
@@ -246,6 +260,21 @@ def test_a_valid_object_with_every_field_passes(crd_validator):
             "affinity": {"nodeAffinity": {}},
             "priorityClassName": "high",
             "runtimeClassName": "nvidia",
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                }
+            ],  # fmt: skip
+        },
+        serviceAccountName="inference",
+        imagePullSecrets=[{"name": "regcred"}],
+        podMetadata={"labels": {"team": "ml"}, "annotations": {"example.com/a": "b"}},
+        networkPolicy={
+            "enabled": True,
+            "allowedNamespaces": ["apps"],
+            "monitoringNamespace": "obs",
         },
         env=[
             {"name": "LOG_LEVEL", "value": "debug"},
