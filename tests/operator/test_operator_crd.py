@@ -15,6 +15,7 @@ from operator_validators import k8s_validate
 
 from sluice.operator import constants as c
 from sluice.operator.parsing import MANAGED_FLAGS, RESERVED_ENV, SpecError, parse_spec
+from sluice.operator.pod_fields import RESERVED_POD_LABELS
 from sluice.runtime import constants as rc
 
 
@@ -109,6 +110,8 @@ def test_cel_lists_match_the_operator(crd):
     assert tuple(re.findall(r"'(--[a-z-]+)'", flags_rule)) == MANAGED_FLAGS
     env_rule = next(rule for rule in env_rules if " in [" in rule)
     assert tuple(re.findall(r"'([A-Z_]+)'", env_rule)) == RESERVED_ENV
+    labels = spec["podMetadata"]["properties"]["labels"]["x-kubernetes-validations"][0]["rule"]
+    assert tuple(re.findall(r"'([a-z./-]+)'", labels)) == RESERVED_POD_LABELS
 
 
 def test_bounds_match_the_operator(crd):

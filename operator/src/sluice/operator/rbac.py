@@ -99,7 +99,7 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
         ("get", "list", "watch", "create", "patch", "delete"),
         "workload",
         "always",
-        "the HPA: applied when autoscaling is on, deleted when it is turned off, watched for health",
+        "the HPA: applied while autoscaling is on, deleted when it is turned off, watched",
     ),
     Permission(
         "policy",
