@@ -119,6 +119,33 @@ def report_rollout(
     )
 
 
+def report_replicas(cluster: Cluster, ns: str, name: str, *, replicas: int, available: int) -> None:
+    """Act as the Deployment controller with one ReplicaSet (the current template):
+    `replicas` pods of which `available` serve."""
+    deployment = get(cluster, DEPLOYMENT, ns, name)
+    assert deployment is not None
+    rs_name = f"{name}-5d4f"
+    if get(cluster, REPLICASET, ns, rs_name) is None:
+        run_pod(cluster, ns, name, {"phase": "Running"})
+    cluster.patch(*REPLICASET, ns, rs_name, {"status": {"replicas": replicas,
+                  "availableReplicas": available}}, subresource="status")  # fmt: skip
+    cluster.patch(
+        *DEPLOYMENT,
+        ns,
+        name,
+        {
+            "status": {
+                "observedGeneration": deployment["metadata"]["generation"],
+                "replicas": replicas,
+                "updatedReplicas": replicas,
+                "readyReplicas": available,
+                "availableReplicas": available,
+            }
+        },
+        subresource="status",
+    )
+
+
 def run_pod(cluster: Cluster, ns: str, name: str, pod_status: dict[str, Any]) -> None:
     """Act as the Deployment and ReplicaSet controllers and the kubelet: a ReplicaSet of the
     Deployment's current template and one pod of it with `pod_status`."""

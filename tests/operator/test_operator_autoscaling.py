@@ -12,12 +12,14 @@ from kopf_testkit import (
     ISVC,
     RESYNC_S,
     WAIT_S,
+    condition,
     create,
     deployment_applies,
     get,
     min_replicas_since,
     patch_spec,
     replicas_owners,
+    report_replicas,
     report_rollout,
     status,
 )
@@ -68,3 +70,36 @@ def test_a_new_autoscaled_service_starts_at_its_minimum(cluster, ns):
     create(cluster, ns, "chat", autoscaling={"enabled": True, "minReplicas": 2})
     deployment = wait_for(lambda: get(cluster, DEPLOYMENT, ns, "chat"), what="the Deployment")
     assert deployment["spec"]["replicas"] == 2
+
+
+def ready_history(cluster, ns: str) -> list[str]:
+    """The Ready condition's status in every stored version of the InferenceService."""
+    result = []
+    for version in cluster.history(*ISVC, ns, "chat"):
+        conditions = ((version or {}).get("status") or {}).get("conditions") or []
+        result += [c["status"] for c in conditions if c["type"] == "Ready"]
+    return result
+
+
+def test_ready_does_not_flap_while_the_autoscaler_scales_up(cluster, ns):
+    create(cluster, ns, "chat", autoscaling={"enabled": True, "minReplicas": 2, "maxReplicas": 6})
+    wait_for(lambda: get(cluster, DEPLOYMENT, ns, "chat"), what="the Deployment")
+    report_replicas(cluster, ns, "chat", replicas=2, available=2)
+    wait_for(lambda: status(cluster, ns, "chat").get("phase") == "Ready", what="Ready")
+    served = len(ready_history(cluster, ns))
+
+    cluster.patch(*DEPLOYMENT, ns, "chat", {"spec": {"replicas": 4}}, subresource="scale",
+                  field_manager=HPA_MANAGER)  # fmt: skip
+    report_replicas(cluster, ns, "chat", replicas=4, available=2)  # two new pods loading
+    wait_for(
+        lambda: condition(cluster, ns, "chat", "Progressing").get("reason") == "ReplicasStarting",
+        what="the scale-up to show in Progressing",
+    )
+    assert status(cluster, ns, "chat")["phase"] == "Ready"
+    assert status(cluster, ns, "chat")["desiredReplicas"] == 4
+    report_replicas(cluster, ns, "chat", replicas=4, available=4)
+    wait_for(
+        lambda: condition(cluster, ns, "chat", "Progressing").get("reason") == "RolloutComplete",
+        what="the scale-up done",
+    )
+    assert set(ready_history(cluster, ns)[served - 1 :]) == {"True"}  # never False in between
