@@ -45,12 +45,19 @@ def test_values_map_onto_the_operator_settings():
             "clusterDomain": "corp.example",
             "podMonitors": "never",
             "retryDelaySeconds": 2.5,
+            "retryMaxDelaySeconds": 120,
+            "resyncSeconds": 60,
+            "workers": 8,
             "apiTimeoutSeconds": 45,
             "healthPort": 9090,
             "replicas": 2,
             "peering": {"enabled": True, "name": "sluice-ha"},
         },
-        "runtime": {"image": {"repository": "ghcr.io/acme/sluice-runtime", "tag": "0.1.0-cpu"}},
+        "runtime": {
+            "image": {"repository": "ghcr.io/acme/sluice-runtime", "tag": "0.1.0-cpu"},
+            "runAsUser": None,
+            "rollOnUpgrade": True,
+        },
     }
     assert settings_for(values) == Settings(
         default_image="ghcr.io/acme/sluice-runtime:0.1.0-cpu",
@@ -61,8 +68,13 @@ def test_values_map_onto_the_operator_settings():
         pod_monitors="never",
         peering="sluice-ha",
         retry_delay_seconds=2.5,
+        retry_max_delay_seconds=120.0,
+        resync_seconds=60.0,
+        workers=8,
         api_timeout_seconds=45.0,
         liveness_endpoint="http://0.0.0.0:9090/healthz",
+        run_as_user=None,
+        roll_on_upgrade=True,
     )
 
 

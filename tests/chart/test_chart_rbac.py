@@ -141,7 +141,10 @@ def test_what_the_operator_never_does_is_denied():
         objects = render_objects(values)
         for group, resource, verb in [
             ("", "secrets", "get"),
-            ("", "pods", "list"),
+            ("", "pods", "delete"),  # pods are read for the status, never touched
+            ("", "pods/exec", "create"),
+            ("sluice.dev", "inferenceservices", "patch"),  # only status and scale are written
+            ("policy", "poddisruptionbudgets", "delete"),  # there is always one
             ("", "configmaps", "create"),
             ("apps", "deployments", "delete"),  # garbage collection deletes them
             ("sluice.dev", "inferenceservices", "delete"),
@@ -173,3 +176,32 @@ def test_the_charts_permission_file_is_the_operators_table():
         Permission(p["apiGroup"], p["resource"], tuple(p["verbs"]), p["scope"], p["when"], p["why"])
         for p in data["permissions"]
     ] == list(REQUIRED_PERMISSIONS), "run scripts/sync_chart_assets.sh"
+
+
+def aggregated(objects: list[dict[str, Any]], role: str) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) that Kubernetes' built-in `role` ClusterRole gains."""
+    label = f"rbac.authorization.k8s.io/aggregate-to-{role}"
+    return {
+        (group, resource, verb)
+        for o in find(objects, "ClusterRole")
+        if o["metadata"].get("labels", {}).get(label) == "true"
+        for rule in o["rules"]
+        for group, resource, verb in itertools.product(
+            rule["apiGroups"], rule["resources"], rule["verbs"]
+        )
+    }
+
+
+def test_namespace_users_can_view_or_manage_inferenceservices():
+    objects = render_objects({})
+    read = {("sluice.dev", r, v) for r in ("inferenceservices", "inferenceservices/status",
+            "inferenceservices/scale") for v in ("get", "list", "watch")}  # fmt: skip
+    assert aggregated(objects, "view") == read
+    write = {("sluice.dev", "inferenceservices", v)
+             for v in ("create", "update", "patch", "delete", "deletecollection")}  # fmt: skip
+    scale = {("sluice.dev", "inferenceservices/scale", v) for v in ("update", "patch")}
+    assert aggregated(objects, "edit") == aggregated(objects, "admin") == read | write | scale
+    for o in find(objects, "ClusterRole"):
+        if o["metadata"]["name"].endswith(("-view", "-edit")):  # nothing else, nothing bound
+            assert {g for r in o["rules"] for g in r["apiGroups"]} == {"sluice.dev"}
+    assert not aggregated(render_objects({"rbac": {"aggregateToDefaultRoles": False}}), "view")

@@ -33,14 +33,15 @@ def kinds(objects):
 
 def test_defaults_render_the_operator_and_its_rbac_only():
     assert kinds(render_objects(DEFAULTS)) == [
-        "ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount",
+        "ClusterRole", "ClusterRole", "ClusterRole",  # the operator's; view and edit aggregation
+        "ClusterRoleBinding", "Deployment", "ServiceAccount",
     ]  # fmt: skip
 
 
 def test_every_optional_feature_renders():
     assert kinds(render_objects(ALL_ON)) == [
-        "ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
-        "PodMonitor", "PrometheusRule", "ServiceAccount",
+        "ClusterKopfPeering", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
+        "ConfigMap", "Deployment", "PodMonitor", "PrometheusRule", "ServiceAccount",
     ]  # fmt: skip
     namespaced = render_objects(NAMESPACED_ALL_ON)
     assert {o["metadata"]["namespace"] for o in find(namespaced, "KopfPeering")} == {
@@ -72,7 +73,7 @@ def test_validation_catches_a_bad_object():
     """The validators used above are not vacuous: one wrong field fails each kind."""
     objects = render_objects(ALL_ON)
     for kind in ("Deployment", "ClusterRole", "PodMonitor", "PrometheusRule", "ClusterKopfPeering"):
-        broken = dict(one(objects, kind))
+        broken = dict(find(objects, kind)[0])
         broken["spec" if "spec" in broken else "metadata"] = {
             **broken.get("spec", broken["metadata"]),
             "unknownField": 1,

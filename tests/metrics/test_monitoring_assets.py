@@ -29,11 +29,18 @@ from metrics_testkit import (
 
 from sluice.runtime import constants as C
 
-# kube-state-metrics series the no-ready-replicas alert joins on
+# kube-state-metrics series the alerts join on (Deployments, HPAs, pods)
 KUBE_STATE_METRICS = {
     "kube_deployment_status_replicas_available",
     "kube_deployment_spec_replicas",
     "kube_deployment_labels",
+    "kube_horizontalpodautoscaler_status_current_replicas",
+    "kube_horizontalpodautoscaler_spec_max_replicas",
+    "kube_horizontalpodautoscaler_status_condition",
+    "kube_horizontalpodautoscaler_labels",
+    "kube_pod_container_status_waiting_reason",
+    "kube_pod_init_container_status_waiting_reason",
+    "kube_pod_labels",
 }
 SELECTOR = re.compile(r"(sluice_[a-z0-9_]+)\{([^}]*)\}")
 

@@ -51,10 +51,16 @@ INVALID_CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("replicas-string", "chat", _spec(replicas="2"), "spec.replicas: must be an integer"),
     ("replicas-too-many", "chat", _spec(replicas=513), "spec.replicas: must be <= 512"),
     (
-        "tp-does-not-divide-gpus",
+        "tp-differs-from-gpus",
         "chat",
-        _spec(resources={"gpus": 3}, runtime={"tensorParallelSize": 2}),
-        "does not divide spec.resources.gpus",
+        _spec(resources={"gpus": 4}, runtime={"tensorParallelSize": 2}),
+        "must equal spec.resources.gpus (4)",
+    ),
+    (
+        "shm-size-without-tp",
+        "chat",
+        _spec(resources={"gpus": 1, "shmSize": "2Gi"}),
+        "spec.resources.shmSize: is only used with tensorParallelSize > 1",
     ),
     (
         "tp-too-large",
@@ -93,6 +99,36 @@ INVALID_CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "chat",
         _spec(runtime={"extraArgs": ["--model", "x"]}),
         "--model is set by the operator",
+    ),
+    (
+        "extra-args-abbreviated-port",
+        "chat",
+        _spec(runtime={"extraArgs": ["--por=8081"]}),
+        "--por (read as --port) is set by the operator",
+    ),
+    (
+        "extra-args-abbreviated-host",
+        "chat",
+        _spec(runtime={"extraArgs": ["--hos=0.0.0.0"]}),
+        "--hos (read as --host) is set by the operator",
+    ),
+    (
+        "extra-args-abbreviated-device",
+        "chat",
+        _spec(runtime={"extraArgs": ["--devic", "cuda"]}),
+        "--devic (read as --device) is set by the operator",
+    ),
+    (
+        "extra-args-drain-timeout",
+        "chat",
+        _spec(runtime={"extraArgs": ["--drain-timeout=1"]}),
+        "--drain-timeout is set by the operator",
+    ),
+    (
+        "extra-args-end-of-options",
+        "chat",
+        _spec(runtime={"extraArgs": ["--", "x"]}),
+        "is set by the operator",
     ),
     (
         "autoscaling-min-above-max",
@@ -150,6 +186,12 @@ INVALID_CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "HF_TOKEN is set by the operator",
     ),
     (
+        "env-reserved-for-the-download",
+        "chat",
+        _spec(env=[{"name": "SLUICE_MODEL_REPO", "value": "evil/model"}]),
+        "SLUICE_MODEL_REPO is set by the operator",
+    ),
+    (
         "env-value-and-value-from",
         "chat",
         _spec(
@@ -190,5 +232,41 @@ INVALID_CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "chat",
         _spec(startupTimeoutSeconds=10),
         "spec.startupTimeoutSeconds: must be >= 60",
+    ),
+    (
+        "grace-shorter-than-prestop-and-drain",
+        "chat",
+        _spec(terminationGracePeriodSeconds=12),
+        "spec.terminationGracePeriodSeconds: must be >= 15",
+    ),
+    (
+        "files-on-pvc",
+        "chat",
+        {"model": {"source": "pvc://models/llama", "files": ["*.safetensors"]}},
+        "spec.model.files: is only valid for hf://",
+    ),
+    (
+        "cache-on-bundled",
+        "chat",
+        {"model": {**BUNDLED, "cache": {"claimName": "hub"}}},
+        "spec.model.cache: is only valid for hf://",
+    ),
+    (
+        "pod-label-reserved",
+        "chat",
+        _spec(podMetadata={"labels": {"app.kubernetes.io/instance": "other"}}),
+        "app.kubernetes.io/instance is set by the operator",
+    ),
+    (
+        "image-pull-secret-without-name",
+        "chat",
+        _spec(imagePullSecrets=[{}]),
+        "spec.imagePullSecrets[0].name: is required",
+    ),
+    (
+        "network-policy-bad-namespace",
+        "chat",
+        _spec(networkPolicy={"enabled": True, "allowedNamespaces": ["Team_A"]}),
+        "spec.networkPolicy.allowedNamespaces[0]",
     ),
 ]

@@ -4,11 +4,13 @@ event loop in a thread and is reached over HTTP, like kubectl would."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import pathlib
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -51,6 +53,23 @@ CORE_RESOURCES: dict[str, kmock.ResourceInfo] = {
         namespaced=True,
         verbs={"create", "get", "list", "watch", "patch", "delete"},
         subresources={"status"},
+    ),
+    "v1/pods": kmock.ResourceInfo(
+        kind="Pod",
+        namespaced=True,
+        verbs={"create", "get", "list", "watch", "patch", "delete"},
+        subresources={"status"},
+    ),
+    "apps/v1/replicasets": kmock.ResourceInfo(
+        kind="ReplicaSet",
+        namespaced=True,
+        verbs={"create", "get", "list", "watch", "patch", "delete"},
+        subresources={"status", "scale"},
+    ),
+    "networking.k8s.io/v1/networkpolicies": kmock.ResourceInfo(
+        kind="NetworkPolicy",
+        namespaced=True,
+        verbs={"create", "get", "list", "watch", "patch", "delete"},
     ),
     "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
         kind="CustomResourceDefinition",
@@ -104,8 +123,10 @@ class Cluster:
                 emulator.resources[key] = info
             key, info = crd_resource_info(load_crd())
             emulator.resources[key] = info
+            emulator.start_gc()
             self._started.set()
             await self._stop.wait()
+            await emulator.stop_gc()
 
     def close(self) -> None:
         assert self._stop is not None
@@ -121,14 +142,56 @@ class Cluster:
         return asyncio.run_coroutine_threadsafe(call(), self._loop).result(10)
 
     def declare(self, key: str, info: kmock.ResourceInfo) -> None:
+        """Serve a custom resource, as installing its CRD does (the CRD object is created
+        too: Kopf notices new resources through CRD events)."""
         self.on_loop(lambda: self.emulator.resources.__setitem__(key, info))
+        code, result = self.request("POST", CRDS, _crd_for(key, info))
+        assert code < 300, result
 
     def undeclare(self, key: str) -> None:
         self.on_loop(lambda: self.emulator.resources.__delitem__(key))
+        code, result = self.request("DELETE", f"{CRDS}/{_crd_for(key, None)['metadata']['name']}")
+        assert code < 300, result
 
     def fail(self, method: str, path_suffix: str, status: int, times: int = 1) -> None:
         """Make the next `times` matching requests fail with `status`, changing nothing."""
         self.on_loop(lambda: self.emulator.faults.append([method, path_suffix, status, times]))
+
+    def clear_faults(self) -> None:
+        self.on_loop(self.emulator.faults.clear)
+
+    def hold_gc(self) -> None:
+        """Stop the garbage collector (deleted owners keep their dependents for now)."""
+        self.on_loop(lambda: setattr(self.emulator, "gc_held", True))
+
+    def release_gc(self) -> None:
+        def release() -> None:
+            self.emulator.gc_held = False
+            self.emulator.wake_gc()
+
+        self.on_loop(release)
+
+    def mute(self, plural: str) -> None:
+        """Drop watch events of `plural` (a watch that missed them) until `unmute`."""
+        self.on_loop(lambda: self.emulator.muted.add(plural))
+
+    def unmute(self, plural: str) -> None:
+        self.on_loop(lambda: self.emulator.muted.discard(plural))
+
+    def history(self, api_version: str, plural: str, namespace: str, name: str) -> list[Any]:
+        """Every stored version of the object, oldest first (None marks a deletion)."""
+
+        def versions() -> list[Any]:
+            for (resource, ns, obj_name), obj in self.emulator.objects.items():
+                if (
+                    resource.plural == plural
+                    and _api_version(resource) == api_version
+                    and (ns, obj_name) == (namespace, name)
+                ):
+                    return [None if v is None else copy.deepcopy(v.raw) for v in obj.history]
+            return []
+
+        return self.on_loop(versions)
 
     def write_kubeconfig(self, path: pathlib.Path) -> pathlib.Path:
         path.write_text(
@@ -150,11 +213,21 @@ class Cluster:
     # -- HTTP, like kubectl ---------------------------------------------------------------
 
     def request(
-        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        *,
+        params: Mapping[str, str] | None = None,
     ) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
+        query = ("?" + urllib.parse.urlencode(params)) if params else ""
         req = urllib.request.Request(
-            self.url + path, data=data, method=method, headers={"Content-Type": content_type}
+            self.url + path + query,
+            data=data,
+            method=method,
+            headers={"Content-Type": content_type, "User-Agent": "kubectl/v1.30.0 (tests)"},
         )
         try:
             with urllib.request.urlopen(req, timeout=10) as response:
@@ -184,14 +257,22 @@ class Cluster:
         plural: str,
         namespace: str,
         name: str,
-        patch: Mapping[str, Any],
+        patch: Any,
         *,
         subresource: str | None = None,
+        field_manager: str | None = None,
+        json_patch: bool = False,
     ) -> dict[str, Any]:
+        """A merge patch (or, with `json_patch`, an RFC 6902 JSON patch), as `kubectl patch`
+        or a controller (`field_manager`, e.g. the HPA's kube-controller-manager) sends."""
         path = f"{_api_path(api_version)}/namespaces/{namespace}/{plural}/{name}"
         if subresource:
             path += f"/{subresource}"
-        code, result = self.request("PATCH", path, patch, "application/merge-patch+json")
+        content_type = (
+            "application/json-patch+json" if json_patch else "application/merge-patch+json"
+        )
+        params = {"fieldManager": field_manager} if field_manager else None
+        code, result = self.request("PATCH", path, patch, content_type, params=params)
         assert code < 300, result
         return result
 
@@ -220,14 +301,42 @@ _PLURALS = {
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "PodMonitor": "podmonitors",
+    "Pod": "pods",
+    "ReplicaSet": "replicasets",
+    "NetworkPolicy": "networkpolicies",
 }
+
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+def _crd_for(key: str, info: kmock.ResourceInfo | None) -> dict[str, Any]:
+    group, version, plural = key.split("/")
+    names: dict[str, Any] = {"plural": plural}
+    if info is not None:
+        names["kind"] = info.kind
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "names": names,
+            "scope": "Namespaced",
+            "versions": [{"name": version, "served": True, "storage": True}],
+        },
+    }
+
+
+def _api_version(resource: Any) -> str:
+    return f"{resource.group}/{resource.version}" if resource.group else resource.version
 
 
 def _api_path(api_version: str) -> str:
     return f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
 
 
-def wait_for(probe: Callable[[], T], *, timeout: float = 10.0, what: str = "condition") -> T:
+def wait_for(probe: Callable[[], T], *, timeout: float = 20.0, what: str = "condition") -> T:
     """Poll `probe` until it returns something truthy; fail with the last value."""
     deadline = time.monotonic() + timeout
     value = probe()

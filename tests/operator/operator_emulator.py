@@ -1,39 +1,56 @@
-"""An API emulator closer to a real API server, for the operator tests.
+"""An API emulator close to a real API server wherever the operator depends on one.
 
 kmock 0.8's KubernetesEmulator stores objects and streams watch events but leaves out what
-an API server adds. `SluiceEmulator` fills the gaps the operator depends on:
+an API server adds. `SluiceEmulator` fills the gaps:
 
 - metadata.uid, resourceVersion, generation (bumped on spec changes), creationTimestamp,
   and generateName (Kopf names its Events that way);
 - the status subresource: writes to the object ignore `status`, writes to `/status`
   ignore everything else (a handler that writes status the wrong way loses it here too);
-- server-side apply (`application/apply-patch+yaml`): creates missing objects and
-  replaces the applier's content instead of merging (our operator is the only manager of
-  its children, so this is what SSA does for it);
-- the scale subresource (`kubectl scale`) sets `.spec.replicas`;
-- no-op writes produce no watch event and keep the resourceVersion;
-- garbage collection: deleting an owner deletes its dependents (by ownerReferences uid),
-  and an object created for an owner that no longer exists is deleted at once.
+- optimistic concurrency: a patch carrying `metadata.resourceVersion` fails with 409 when
+  the object has moved on; a DELETE's `preconditions.uid` must match;
+- server-side apply with field managers (field_managers.py): `metadata.managedFields`,
+  conflicts (409) unless forced, shared ownership, and a field released by its only
+  manager is removed and defaulted again (a Deployment's `spec.replicas` falls to 1);
+  merge/JSON patches and the scale subresource record their manager (`fieldManager`, or
+  the User-Agent's product) as the owner of what they changed;
+- the scale subresource (`kubectl scale`, the HPA) sets `.spec.replicas`;
+- label selectors on lists and watches (`a=b`, `a!=b`, `a`, `!a`, comma-joined);
+- no-op writes produce no watch event and keep the resourceVersion; `dryRun=All`
+  answers with what an update would store and changes nothing;
+- only declared resources are served (a removed CRD's resource answers 404);
+- garbage collection that lags, as the real collector does: deleting an owner deletes its
+  dependents (by ownerReferences uid) from a background task, and a dependent created for
+  an owner that no longer exists is collected too. Tests can hold the collector
+  (`gc_held`) to see the window a real cluster has.
 
-Not emulated (covered elsewhere): schema validation and defaulting (operator_validators.py and
-kubernetes-validate in the tests), admission, RBAC (the recorded requests are checked
-against `rbac.REQUIRED_PERMISSIONS`), the Deployment controller (tests write Deployment
-status themselves), field ownership conflicts between several managers.
+Test controls: `faults` (fail matching requests), `muted` (drop watch events of a
+resource, like a watch that missed them), `gc_held`.
+
+Not emulated (covered elsewhere): schema validation and defaulting beyond the fields in
+field_managers.DEFAULTS (operator_validators.py and kubernetes-validate in the tests),
+admission, RBAC (the recorded requests are checked against `rbac.REQUIRED_PERMISSIONS`),
+the Deployment, ReplicaSet and HPA controllers (tests act as them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import itertools
 import secrets
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import attrs
+import field_managers as fm
 import jsonpatch
 import kmock
+
+STATUS = "status"
 
 
 @attrs.define(kw_only=True)
@@ -44,12 +61,78 @@ class SluiceEmulator(kmock.KubernetesEmulator):
     log: list[dict[str, Any]] = attrs.field(factory=list, init=False)
     # injected failures: [method, path suffix, HTTP status, times left]
     faults: list[list[Any]] = attrs.field(factory=list, init=False)
+    # plurals whose watch events are dropped
+    muted: set[str] = attrs.field(factory=set, init=False)
+    # field ownership per object uid
+    ownership: dict[str, fm.Ownership] = attrs.field(factory=dict, init=False)
+    # owner uids whose dependents the collector has still to delete
+    gc_pending: list[str] = attrs.field(factory=list, init=False)
+    gc_held: bool = attrs.field(default=False, init=False)
+    # what a dry-run write would have stored, by request (answered instead of the object)
+    dry_runs: dict[int, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    _gc_wakeup: asyncio.Event | None = attrs.field(default=None, init=False)
+    _gc_task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
 
     _versions = itertools.count(1)
     _KEEP = 16  # requests kmock keeps for its own matching (more than are ever in flight)
 
+    # -- the garbage collector --------------------------------------------------------------
+
+    def start_gc(self) -> None:
+        self._gc_wakeup = asyncio.Event()
+        self._gc_task = asyncio.get_running_loop().create_task(self._collector())
+
+    async def stop_gc(self) -> None:
+        if self._gc_task is not None:
+            self._gc_task.cancel()
+            try:
+                await self._gc_task
+            except asyncio.CancelledError:
+                pass
+
+    def wake_gc(self) -> None:
+        if self._gc_wakeup is not None:
+            self._gc_wakeup.set()
+
+    async def _collector(self) -> None:
+        assert self._gc_wakeup is not None
+        while True:
+            await self._gc_wakeup.wait()
+            self._gc_wakeup.clear()
+            await asyncio.sleep(0)  # a real collector is never synchronous with the delete
+            while self.gc_pending and not self.gc_held:
+                owner_uid = self.gc_pending.pop(0)
+                async with self._lock:
+                    await self._collect(owner_uid)
+
+    async def _collect(self, owner_uid: str) -> None:
+        if owner_uid in self._live_uids():
+            return  # an orphan check whose owner exists after all
+        for (resource, namespace, name), obj in list(self._objects.items()):
+            if obj.deleted:
+                continue
+            refs = obj.raw.get("metadata", {}).get("ownerReferences") or []
+            if any(ref.get("uid") == owner_uid for ref in refs):
+                await self._delete(resource, namespace, name)
+
+    def _schedule_gc(self, owner_uid: str) -> None:
+        self.gc_pending.append(owner_uid)
+        self.wake_gc()
+
+    # -- requests ----------------------------------------------------------------------------
+
     async def _handle(self, request: kmock.Request) -> Any:
-        self.log.append(record(request))
+        entry = record(request)
+        self.log.append(entry)
+        try:
+            response = await self._respond(request)
+        except kmock.KubernetesError as error:
+            entry["status"] = error.status
+            raise
+        entry["status"] = getattr(response, "status", 200)
+        return response
+
+    async def _respond(self, request: kmock.Request) -> Any:
         # kmock matches each request against all earlier ones (O(n) per request); keep the
         # tail only, or a test run slows down quadratically. Our own log keeps everything.
         del self._requests[: -self._KEEP]
@@ -67,6 +150,10 @@ class SluiceEmulator(kmock.KubernetesEmulator):
             kmock.action.UPDATE,
             kmock.action.DELETE,
         ):
+            if request.resource not in self._get_resources():
+                raise kmock.KubernetesError(
+                    404, "NotFound", "the server could not find the resource"
+                )
             async with self._lock:
                 await self._mutate(request)
         # skip KubernetesEmulator._handle (its state changes are replaced by ours)
@@ -74,11 +161,38 @@ class SluiceEmulator(kmock.KubernetesEmulator):
 
     async def _mutate(self, request: kmock.Request) -> None:
         if request.action == kmock.action.CREATE:
-            await self._create(request.resource, request.namespace, request.data)
+            await self._create(
+                request.resource, request.namespace, request.data, manager_of(request)
+            )
         elif request.action == kmock.action.UPDATE and request.name is not None:
             await self._update(request)
         elif request.action == kmock.action.DELETE and request.name is not None:
-            await self._delete(request.resource, request.namespace, request.name)
+            preconditions = (request.data or {}).get("preconditions") or {}
+            await self._delete(
+                request.resource, request.namespace, request.name, uid=preconditions.get("uid")
+            )
+
+    def _get_resources(self) -> list[Any]:
+        """Only the declared resources are served (kmock also serves the resources of any
+        object ever stored; a real API server stops serving a CRD's resource when it goes)."""
+        return kmock.KubernetesScaffold._get_resources(self)
+
+    async def _serve_update(self, request: kmock.Request) -> Any:
+        if id(request) in self.dry_runs:
+            return self.dry_runs.pop(id(request))
+        return await super()._serve_update(request)
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        listing = await super()._serve_list(request)
+        selector = parse_selector(request.params.get("labelSelector", ""))
+        listing["items"] = [item for item in listing["items"] if selected(item, selector)]
+        return listing
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        selector = parse_selector(request.params.get("labelSelector", ""))
+        async for event in super()._serve_watch(request):
+            if not isinstance(event, Mapping) or selected(event.get("object") or {}, selector):
+                yield event
 
     def _live(self, key: tuple[Any, str | None, str]) -> Any:
         if key in self._objects and not self._objects[key].deleted:
@@ -86,12 +200,38 @@ class SluiceEmulator(kmock.KubernetesEmulator):
         return None
 
     async def _emit(self, resource: Any, kind: str, raw: Mapping[str, Any]) -> None:
+        if resource.plural in self.muted:
+            return
         await self._buses[resource].put({"type": kind, "object": copy.deepcopy(dict(raw))})
 
     def _subresources(self, resource: Any) -> set[str]:
         return set(self._resources[resource].subresources) if resource in self._resources else set()
 
-    async def _create(self, resource: Any, namespace: str | None, data: dict[str, Any]) -> None:
+    def _owners_of(self, obj: Mapping[str, Any]) -> fm.Ownership:
+        return self.ownership.setdefault(obj["metadata"]["uid"], fm.Ownership())
+
+    def _stamp_managed_fields(
+        self, obj: dict[str, Any], previous: Mapping[str, Any] | None = None
+    ) -> None:
+        """Write the ownership into metadata.managedFields; entries that did not change keep
+        their time (so a write that changes nothing stays a no-op)."""
+        entries = self._owners_of(obj).managed_fields(obj.get("apiVersion", ""), _now())
+        before = {
+            _entry_key(e): e
+            for e in ((previous or {}).get("metadata") or {}).get("managedFields") or []
+        }
+        obj["metadata"]["managedFields"] = [before.get(_entry_key(e), e) for e in entries]
+
+    async def _create(
+        self,
+        resource: Any,
+        namespace: str | None,
+        data: dict[str, Any],
+        manager: str,
+        *,
+        applied: bool = False,
+        force: bool = False,
+    ) -> None:
         meta = data.setdefault("metadata", {})
         if namespace:
             meta["namespace"] = namespace
@@ -100,22 +240,35 @@ class SluiceEmulator(kmock.KubernetesEmulator):
         key = (resource, meta.get("namespace"), meta["name"])
         if self._live(key) is not None:
             raise kmock.KubernetesError(409, "AlreadyExists", f"{meta['name']} already exists")
-        meta.update(
-            uid=str(uuid.uuid4()),
+        subresources = self._subresources(resource)
+        if STATUS in subresources:
+            data.pop(STATUS, None)
+        uid = str(uuid.uuid4())
+        owners = self.ownership[uid] = fm.Ownership()
+        if applied:
+            obj = fm.apply(None, data, owners, manager, force=force)
+        else:
+            obj = fm.apply_defaults(copy.deepcopy(data))
+            fm.update({}, obj, owners, manager)
+        obj.setdefault("metadata", {}).update(
+            name=meta["name"],
+            uid=uid,
             resourceVersion=str(next(self._versions)),
             generation=1,
             creationTimestamp=_now(),
         )
-        if "status" in self._subresources(resource):
-            data.pop("status", None)
+        if meta.get("namespace"):
+            obj["metadata"]["namespace"] = meta["namespace"]
+        self._stamp_managed_fields(obj)
         if key in self._objects:
-            self._objects[key].create(data)
+            self._objects[key].create(obj)
         else:
-            self._objects[key] = data
-        await self._emit(resource, "ADDED", data)
-        owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
-        if owners and not owners & self._live_uids():
-            await self._delete(resource, meta.get("namespace"), meta["name"])  # GC: owner is gone
+            self._objects[key] = obj
+        await self._emit(resource, "ADDED", obj)
+        owner_uids = {ref.get("uid") for ref in obj["metadata"].get("ownerReferences") or []}
+        if owner_uids and not owner_uids & self._live_uids():
+            for owner_uid in owner_uids:  # the collector deletes orphans too
+                self._schedule_gc(owner_uid)
 
     def _live_uids(self) -> set[str]:
         return {obj.raw["metadata"].get("uid") for obj in self._objects.values() if not obj.deleted}
@@ -125,25 +278,50 @@ class SluiceEmulator(kmock.KubernetesEmulator):
         content_type = _header(request.headers, "Content-Type")
         current = self._live(key)
         data = request.data
+        manager = manager_of(request)
+        force = request.params.get("force") == "true"
+        applying = "apply-patch" in content_type
         if current is None:
-            if "apply-patch" not in content_type:
+            if not applying:
                 raise kmock.KubernetesObjectNotFoundError()
-            await self._create(resource, request.namespace, data)
+            await self._create(
+                resource, request.namespace, data, manager, applied=True, force=force
+            )
             return
         old = copy.deepcopy(current.raw)
+        if isinstance(data, Mapping):
+            _check_resource_version(old, data)
         subresources = self._subresources(resource)
-        if isinstance(data, list):  # JSON patch
-            new = jsonpatch.apply_patch(old, data)
-        elif request.subresource == "status":
-            new = merge_patch(old, {"status": data.get("status")})
-        elif request.subresource == "scale":  # a Scale object; specReplicasPath is .spec.replicas
-            new = merge_patch(old, {"spec": {"replicas": data["spec"]["replicas"]}})
-        elif "apply-patch" in content_type:
-            new = _server_side_apply(old, data, keep_status="status" in subresources)
+        dry_run = request.params.get("dryRun") == "All"
+        owners = self._owners_of(old)
+        if dry_run:
+            owners = copy.deepcopy(owners)
+        subresource = request.subresource or ""
+        if applying:
+            config = {k: v for k, v in data.items() if k != STATUS}
+            try:
+                new = fm.apply(old, config, owners, manager, force=force)
+            except fm.ApplyConflict as conflict:
+                raise kmock.KubernetesError(409, "Conflict", str(conflict)) from conflict
         else:
-            if "status" in subresources:
-                data = {k: v for k, v in data.items() if k != "status"}
-            new = merge_patch(old, data)
+            if isinstance(data, list):  # JSON patch
+                new = jsonpatch.apply_patch(old, data)
+                if STATUS in subresources and subresource != STATUS:
+                    _keep_status(old, new)
+            elif subresource == STATUS:
+                new = merge_patch(old, {STATUS: data.get(STATUS)})
+            elif subresource == "scale":  # a Scale object; specReplicasPath is .spec.replicas
+                new = merge_patch(old, {"spec": {"replicas": data["spec"]["replicas"]}})
+            else:
+                patch = {k: v for k, v in data.items() if k != STATUS or STATUS not in subresources}
+                new = merge_patch(old, patch)
+            new["metadata"] = {**_server_metadata(old), **_client_metadata(new)}
+            fm.update(old, new, owners, manager, subresource=subresource)
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if dry_run:
+            self.dry_runs[id(request)] = new  # nothing is stored, nothing is announced
+            return
+        self._stamp_managed_fields(new, previous=old)
         if new == old:
             return  # a no-op write: no event, same resourceVersion
         if _content(new) != _content(old):
@@ -154,11 +332,17 @@ class SluiceEmulator(kmock.KubernetesEmulator):
         if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
             await self._delete(resource, request.namespace, request.name)
 
-    async def _delete(self, resource: Any, namespace: str | None, name: str) -> None:
+    async def _delete(
+        self, resource: Any, namespace: str | None, name: str, *, uid: str | None = None
+    ) -> None:
         current = self._live((resource, namespace, name))
         if current is None:
             raise kmock.KubernetesObjectNotFoundError()
         raw = current.raw
+        if uid is not None and raw["metadata"].get("uid") != uid:
+            raise kmock.KubernetesError(
+                409, "Conflict", f"Precondition failed: UID in precondition: {uid}"
+            )
         if raw["metadata"].get("finalizers"):
             if not raw["metadata"].get("deletionTimestamp"):
                 current.patch({"metadata": {"deletionTimestamp": _now()}})
@@ -166,15 +350,7 @@ class SluiceEmulator(kmock.KubernetesEmulator):
             return
         current.delete()
         await self._emit(resource, "DELETED", raw)
-        await self._collect_garbage(raw["metadata"]["uid"])
-
-    async def _collect_garbage(self, owner_uid: str) -> None:
-        for (resource, namespace, name), obj in list(self._objects.items()):
-            if obj.deleted:
-                continue
-            refs = obj.raw.get("metadata", {}).get("ownerReferences") or []
-            if any(ref.get("uid") == owner_uid for ref in refs):
-                await self._delete(resource, namespace, name)
+        self._schedule_gc(raw["metadata"]["uid"])
 
 
 def record(request: kmock.Request) -> dict[str, Any]:
@@ -186,7 +362,19 @@ def record(request: kmock.Request) -> dict[str, Any]:
         "content_type": _header(request.headers, "Content-Type"),
         "data": copy.deepcopy(request.data),
         "user_agent": _header(request.headers, "User-Agent"),
+        "time": time.monotonic(),
+        "status": None,  # the response's, once answered
     }
+
+
+def manager_of(request: kmock.Request) -> str:
+    """The field manager of a write: `fieldManager`, else the User-Agent's product name
+    (what the API server does: `kubectl/v1.30.0 (...)` → `kubectl`)."""
+    explicit = request.params.get("fieldManager")
+    if explicit:
+        return explicit
+    agent = _header(request.headers, "User-Agent")
+    return agent.split("/", 1)[0].strip() or "unknown"
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -202,6 +390,71 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+Selector = list[tuple[str, str, str | None]]  # (op, key, value): "=", "!=", "exists", "!"
+
+
+def parse_selector(text: str) -> Selector:
+    terms: Selector = []
+    for term in (t.strip() for t in text.split(",") if t.strip()):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            terms.append(("!=", key.strip(), value.strip()))
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            terms.append(("=", key.strip(), value.strip()))
+        elif term.startswith("!"):
+            terms.append(("!", term[1:].strip(), None))
+        else:
+            terms.append(("exists", term, None))
+    return terms
+
+
+def selected(obj: Mapping[str, Any], selector: Selector) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for op, key, value in selector:
+        if op == "=" and labels.get(key) != value:
+            return False
+        if op == "!=" and labels.get(key) == value:
+            return False
+        if op == "exists" and key not in labels:
+            return False
+        if op == "!" and key in labels:
+            return False
+    return True
+
+
+def _check_resource_version(current: Mapping[str, Any], patch: Mapping[str, Any]) -> None:
+    wanted = (patch.get("metadata") or {}).get("resourceVersion")
+    if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
+        raise kmock.KubernetesError(
+            409,
+            "Conflict",
+            "the object has been modified; please apply your changes to the latest version"
+            " and try again",
+        )
+
+
+def _entry_key(entry: Mapping[str, Any]) -> str:
+    return repr(sorted((k, repr(v)) for k, v in entry.items() if k != "time"))
+
+
+def _server_metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {k: v for k, v in meta.items() if k in fm.SERVER_METADATA}
+
+
+def _client_metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {k: v for k, v in meta.items() if k not in fm.SERVER_METADATA}
+
+
+def _keep_status(old: Mapping[str, Any], new: dict[str, Any]) -> None:
+    if STATUS in old:
+        new[STATUS] = copy.deepcopy(old[STATUS])
+    else:
+        new.pop(STATUS, None)
+
+
 def _header(headers: Mapping[str, str], name: str) -> str:
     return next((v for k, v in headers.items() if k.lower() == name.lower()), "")
 
@@ -211,25 +464,4 @@ def _now() -> str:
 
 
 def _content(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
-
-
-def _server_side_apply(
-    old: dict[str, Any], applied: Mapping[str, Any], *, keep_status: bool
-) -> dict[str, Any]:
-    """The applier's content replaces what it sent before; server metadata stays."""
-    new = copy.deepcopy(dict(applied))
-    meta = new.setdefault("metadata", {})
-    for field in (
-        "uid",
-        "resourceVersion",
-        "generation",
-        "creationTimestamp",
-        "deletionTimestamp",
-        "finalizers",
-    ):
-        if field in old.get("metadata", {}):
-            meta[field] = old["metadata"][field]
-    if keep_status and "status" in old:
-        new["status"] = old["status"]
-    return new
+    return {k: v for k, v in obj.items() if k not in ("metadata", STATUS)}

@@ -32,7 +32,8 @@ class CrdValidator:
     The schema is OpenAPI v3.0 (boolean exclusiveMinimum), which JSON Schema draft 4
     understands; objects with fixed properties get `additionalProperties: false`, as
     `kubectl apply` (strict field validation) rejects unknown fields. CEL rules are
-    evaluated with cel-python.
+    evaluated with cel-python, plus the functions of Kubernetes' CEL string library that
+    cel-python lacks (`split`).
     """
 
     def __init__(self, crd: Mapping[str, Any]) -> None:
@@ -88,12 +89,22 @@ def _apply_defaults(schema: Mapping[str, Any], value: Any) -> None:
             _apply_defaults(schema["items"], item)
 
 
+def _split(text: Any, separator: Any) -> Any:
+    """Kubernetes' CEL `string.split(separator)` (cel-go's strings extension)."""
+    import celpy.celtypes as cel
+
+    return cel.ListType([cel.StringType(part) for part in str(text).split(str(separator))])
+
+
+K8S_CEL_FUNCTIONS = {"split": _split}
+
+
 def _check_rules(schema: Mapping[str, Any], value: Any, path: str, problems: list[str]) -> None:
     import celpy
 
     for rule in schema.get("x-kubernetes-validations", []):
         env = celpy.Environment()
-        program = env.program(env.compile(rule["rule"]))
+        program = env.program(env.compile(rule["rule"]), functions=K8S_CEL_FUNCTIONS)
         try:
             ok = program.evaluate({"self": celpy.json_to_cel(_typed(schema, value))})
         except celpy.CELEvalError as error:

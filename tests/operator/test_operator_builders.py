@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
 
 import pytest
 from operator_testkit import IMAGE
@@ -10,6 +13,7 @@ from operator_testkit import IMAGE
 from sluice.operator.builders import (
     build_deployment,
     build_hpa,
+    build_networkpolicy,
     build_pdb,
     build_podmonitor,
     build_service,
@@ -17,8 +21,8 @@ from sluice.operator.builders import (
 from sluice.operator.builders.args import serve_args
 from sluice.operator.builders.common import selector_string, to_quantity
 from sluice.operator.builders.model import DOWNLOAD_SCRIPT
-from sluice.operator.kube import HPAS, PDBS, PODMONITORS
-from sluice.operator.reconcile import plan
+from sluice.operator.children import plan
+from sluice.operator.kube import HPAS, NETWORKPOLICIES, PODMONITORS
 
 LABELS = {
     "app.kubernetes.io/name": "sluice-runtime",
@@ -37,9 +41,9 @@ SECURITY = {
 }
 
 
-def probe(period: int, failures: int) -> dict:
+def probe(period: int, failures: int, path: str = "/health") -> dict:
     return {
-        "httpGet": {"path": "/health", "port": "http"},
+        "httpGet": {"path": path, "port": "http"},
         "periodSeconds": period,
         "timeoutSeconds": 5,
         "failureThreshold": failures,
@@ -52,7 +56,7 @@ def test_cpu_bundled_deployment_is_exactly_this(make_spec):
     assert build_deployment(isvc) == {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": META,
+        "metadata": {**META, "annotations": {"sluice.dev/spec-replicas": "1"}},
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": SELECTOR},
@@ -101,6 +105,10 @@ def test_cpu_bundled_deployment_is_exactly_this(make_spec):
                                 "cpu",
                                 "--tensor-parallel-size",
                                 "1",
+                                "--startup-timeout",
+                                "1800",
+                                "--drain-timeout",
+                                "110",
                             ],
                             "ports": [{"name": "http", "containerPort": 30000, "protocol": "TCP"}],
                             "env": [
@@ -113,7 +121,7 @@ def test_cpu_bundled_deployment_is_exactly_this(make_spec):
                             },
                             "startupProbe": probe(10, 180),
                             "readinessProbe": probe(5, 3),
-                            "livenessProbe": probe(10, 6),
+                            "livenessProbe": probe(10, 6, "/health/live"),
                             "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
                             "volumeMounts": [
                                 {"name": "cache", "mountPath": "/var/cache/sluice"},
@@ -123,6 +131,15 @@ def test_cpu_bundled_deployment_is_exactly_this(make_spec):
                         }
                     ],
                     "volumes": [{"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                            "labelSelector": {"matchLabels": SELECTOR},
+                            "matchLabelKeys": ["pod-template-hash"],
+                        }
+                    ],
                 },
             },
         },
@@ -139,6 +156,7 @@ def test_gpu_hf_deployment_downloads_first_and_requests_gpus(make_spec):
         },
         resources={"gpus": 2, "memory": "64Gi"},
         runtime={"tensorParallelSize": 2, "dtype": "bfloat16"},
+        env=[{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
     )
     pod = build_deployment(isvc)["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -157,6 +175,7 @@ def test_gpu_hf_deployment_downloads_first_and_requests_gpus(make_spec):
                     "name": "HF_TOKEN",
                     "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}},
                 },
+                {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},  # the download's too
             ],
             "volumeMounts": [
                 {"name": "model", "mountPath": "/models"},
@@ -167,7 +186,7 @@ def test_gpu_hf_deployment_downloads_first_and_requests_gpus(make_spec):
         }
     ]
     assert container["resources"] == {
-        "requests": {"memory": "64Gi", "nvidia.com/gpu": "2"},
+        "requests": {"memory": "64Gi", "nvidia.com/gpu": "2", "ephemeral-storage": "40Gi"},
         "limits": {"memory": "64Gi", "nvidia.com/gpu": "2"},
     }
     assert container["args"][:12] == [
@@ -188,7 +207,7 @@ def test_gpu_hf_deployment_downloads_first_and_requests_gpus(make_spec):
         {"name": "cache", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
         {"name": "model", "emptyDir": {"sizeLimit": "40Gi"}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
     ]
     assert container["volumeMounts"] == [
         {"name": "cache", "mountPath": "/var/cache/sluice"},
@@ -243,7 +262,7 @@ def test_runtime_options_become_flags_in_order(make_spec):
         }
     )
 
-    assert serve_args(isvc, "smollm2-135m")[12:] == [
+    assert serve_args(isvc, "smollm2-135m")[16:] == [
         "--dtype",
         "float32",
         "--page-size",
@@ -439,30 +458,30 @@ def test_metric_targets_become_quantities(value, quantity):
     assert to_quantity(value) == quantity
 
 
+BASE = ["Deployment", "Service", "PodDisruptionBudget"]
+
+
 @pytest.mark.parametrize(
     ("spec", "podmonitors", "kinds", "removed"),
     [
-        ({}, None, ["Deployment", "Service"], [HPAS, PDBS]),
-        ({"replicas": 2}, None, ["Deployment", "Service", "PodDisruptionBudget"], [HPAS]),
+        ({}, None, BASE, [HPAS, NETWORKPOLICIES]),  # a PDB even for one replica
+        ({"replicas": 2}, None, BASE, [HPAS, NETWORKPOLICIES]),
         (
             {"autoscaling": {"enabled": True}},
             None,
-            ["Deployment", "Service", "HorizontalPodAutoscaler"],
-            [PDBS],
+            [*BASE, "HorizontalPodAutoscaler"],
+            [NETWORKPOLICIES],
         ),
         (
-            {"autoscaling": {"enabled": True, "minReplicas": 2}},
+            {
+                "autoscaling": {"enabled": True, "minReplicas": 2},
+                "networkPolicy": {"enabled": True},
+            },
             True,
-            [
-                "Deployment",
-                "Service",
-                "HorizontalPodAutoscaler",
-                "PodDisruptionBudget",
-                "PodMonitor",
-            ],
+            [*BASE, "HorizontalPodAutoscaler", "PodMonitor", "NetworkPolicy"],
             [],
         ),
-        ({}, False, ["Deployment", "Service"], [HPAS, PDBS, PODMONITORS]),
+        ({}, False, BASE, [HPAS, PODMONITORS, NETWORKPOLICIES]),
     ],
     ids=["one-replica", "two-replicas", "autoscaled", "everything", "monitoring-off"],
 )
@@ -471,3 +490,173 @@ def test_plan_names_the_children_to_apply_and_remove(make_spec, spec, podmonitor
 
     assert [obj["kind"] for obj in result.apply] == kinds
     assert list(result.remove) == removed
+
+
+def pod_of(isvc, **kwargs) -> dict:
+    return build_deployment(isvc, **kwargs)["spec"]["template"]["spec"]
+
+
+def test_the_drain_budget_follows_the_grace_period(make_spec):
+    args = pod_of(make_spec(terminationGracePeriodSeconds=300, startupTimeoutSeconds=600))[
+        "containers"
+    ][0]["args"]
+    assert args[args.index("--drain-timeout") + 1] == "290"  # 300 − 5 s preStop − 5 s to exit
+    assert args[args.index("--startup-timeout") + 1] == "600"
+
+
+def test_liveness_asks_whether_the_scheduler_is_alive_readiness_whether_it_serves(make_spec):
+    container = pod_of(make_spec())["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert container["startupProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_tensor_parallel_pods_get_one_gpu_per_rank_and_a_sized_shm(make_spec):
+    pod = pod_of(make_spec(resources={"gpus": 4, "shmSize": "8Gi"}))
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert container["args"][container["args"].index("--tensor-parallel-size") + 1] == "4"
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
+
+
+def test_topology_spread_can_be_replaced_or_turned_off(make_spec):
+    mine = [{"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone",
+             "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"a": "b"}}}]  # fmt: skip
+    assert (
+        pod_of(make_spec(scheduling={"topologySpreadConstraints": mine}))[
+            "topologySpreadConstraints"
+        ]
+        == mine
+    )
+    assert "topologySpreadConstraints" not in pod_of(
+        make_spec(scheduling={"topologySpreadConstraints": []})
+    )
+
+
+def test_pod_options_reach_the_pods_and_cannot_replace_the_operators_labels(make_spec):
+    isvc = make_spec(
+        serviceAccountName="inference",
+        imagePullSecrets=[{"name": "regcred"}],
+        podMetadata={
+            "labels": {"team": "ml"},
+            "annotations": {"prometheus.io/path": "/x", "a": "b"},
+        },
+    )
+    deployment = build_deployment(isvc)
+    pod = deployment["spec"]["template"]["spec"]
+    meta = deployment["spec"]["template"]["metadata"]
+    assert pod["serviceAccountName"] == "inference"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert meta["labels"] == {"team": "ml", **LABELS}
+    assert meta["annotations"]["a"] == "b"
+    assert meta["annotations"]["prometheus.io/path"] == "/metrics"  # the operator's wins
+
+
+def test_the_platform_may_assign_the_uid(make_spec):
+    context = pod_of(make_spec(), run_as_user=None)["securityContext"]
+    assert context == {
+        "runAsNonRoot": True,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def test_download_fetches_only_the_named_files_and_a_single_gguf_is_the_model(make_spec):
+    isvc = make_spec(model={"source": "hf://Qwen/Qwen2.5-7B-Instruct-GGUF",
+                            "files": ["qwen2.5-7b-instruct-q4_k_m.gguf"]})  # fmt: skip
+    pod = pod_of(isvc)
+    env = {e["name"]: e.get("value") for e in pod["initContainers"][0]["env"]}
+    assert env["SLUICE_MODEL_FILES"] == '["qwen2.5-7b-instruct-q4_k_m.gguf"]'
+    assert pod["containers"][0]["args"][1] == "/models/hf/qwen2.5-7b-instruct-q4_k_m.gguf"
+
+
+def test_a_shared_cache_claim_is_the_downloads_hf_home(make_spec):
+    isvc = make_spec(
+        model={"source": "hf://org/m", "cache": {"claimName": "hub"}, "storageSize": "40Gi"}
+    )
+    pod = pod_of(isvc)
+    init, runtime = pod["initContainers"][0], pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in init["env"]}
+    assert env["HF_HOME"] == "/models-cache" and env["SLUICE_MODEL_CACHE"] == "1"
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hub"}} in pod["volumes"]
+    assert {"name": "model", "emptyDir": {}} in pod["volumes"]  # only a link lives there
+    assert {"name": "model-cache", "mountPath": "/models-cache"} in init["volumeMounts"]
+    assert {"name": "model-cache", "mountPath": "/models-cache", "readOnly": True} in runtime[
+        "volumeMounts"
+    ]
+    assert "ephemeral-storage" not in runtime.get("resources", {}).get("requests", {})
+
+
+def run_download_script(tmp_path, env: dict) -> list[dict]:
+    """Run DOWNLOAD_SCRIPT against a stand-in huggingface_hub that records its calls and
+    makes the snapshot folder the real one would."""
+    stub = tmp_path / "stub"
+    (stub / "huggingface_hub").mkdir(parents=True)
+    (stub / "huggingface_hub" / "__init__.py").write_text(
+        "import json, os\n"
+        "def snapshot_download(**kwargs):\n"
+        "    with open(os.environ['CALLS'], 'a') as f: f.write(json.dumps(kwargs) + '\\n')\n"
+        "    path = kwargs['local_dir'] or os.path.join(os.environ['HF_HOME'], 'hub', 'snap')\n"
+        "    os.makedirs(path, exist_ok=True)\n"
+        "    return path\n"
+    )
+    calls = tmp_path / "calls.jsonl"
+    full_env = {**env, "PYTHONPATH": str(stub), "CALLS": str(calls), "PATH": "/usr/bin:/bin"}
+    for _ in range(2):  # a restarted init container runs it again on the same volumes
+        subprocess.run([sys.executable, "-c", DOWNLOAD_SCRIPT], env=full_env, check=True)
+    return [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def test_the_download_script_passes_the_patterns_and_links_a_shared_snapshot(tmp_path):
+    target = tmp_path / "models" / "hf"
+    target.parent.mkdir()
+    env = {
+        "SLUICE_MODEL_REPO": "org/m",
+        "SLUICE_MODEL_DIR": str(target),
+        "SLUICE_MODEL_FILES": '["*.safetensors", "*.json"]',
+        "SLUICE_MODEL_CACHE": "1",
+        "HF_HOME": str(tmp_path / "cache"),
+    }
+    calls = run_download_script(tmp_path, env)
+    assert calls[0] == {
+        "repo_id": "org/m",
+        "revision": None,
+        "local_dir": None,
+        "allow_patterns": ["*.safetensors", "*.json"],
+        "ignore_patterns": None,
+    }
+    assert target.is_symlink() and target.resolve() == (tmp_path / "cache" / "hub" / "snap")
+
+
+def test_the_download_script_without_patterns_skips_original_checkpoints(tmp_path):
+    env = {"SLUICE_MODEL_REPO": "org/m", "SLUICE_MODEL_DIR": str(tmp_path / "hf"),
+           "HF_HOME": str(tmp_path / "home")}  # fmt: skip
+    calls = run_download_script(tmp_path, env)
+    assert calls[0]["local_dir"] == str(tmp_path / "hf")
+    assert calls[0]["allow_patterns"] is None
+    assert calls[0]["ignore_patterns"] == ["*.pth", "*.pt", "original/*"]
+
+
+def test_network_policy_is_exactly_this(make_spec):
+    isvc = make_spec(networkPolicy={"enabled": True, "allowedNamespaces": ["apps", "default"]})
+
+    def namespace(name: str) -> dict:
+        return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
+
+    assert build_networkpolicy(isvc) == {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": META,
+        "spec": {
+            "podSelector": {"matchLabels": SELECTOR},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [namespace("default"), namespace("apps")],
+                    "ports": [{"protocol": "TCP", "port": "http"}],
+                },
+                {"from": [namespace("monitoring")], "ports": [{"protocol": "TCP", "port": "http"}]},
+            ],  # fmt: skip
+        },
+    }

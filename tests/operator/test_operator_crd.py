@@ -15,6 +15,7 @@ from operator_validators import k8s_validate
 
 from sluice.operator import constants as c
 from sluice.operator.parsing import MANAGED_FLAGS, RESERVED_ENV, SpecError, parse_spec
+from sluice.operator.pod_fields import RESERVED_POD_LABELS
 from sluice.runtime import constants as rc
 
 
@@ -109,6 +110,8 @@ def test_cel_lists_match_the_operator(crd):
     assert tuple(re.findall(r"'(--[a-z-]+)'", flags_rule)) == MANAGED_FLAGS
     env_rule = next(rule for rule in env_rules if " in [" in rule)
     assert tuple(re.findall(r"'([A-Z_]+)'", env_rule)) == RESERVED_ENV
+    labels = spec["podMetadata"]["properties"]["labels"]["x-kubernetes-validations"][0]["rule"]
+    assert tuple(re.findall(r"'([a-z./-]+)'", labels)) == RESERVED_POD_LABELS
 
 
 def test_bounds_match_the_operator(crd):
@@ -134,8 +137,10 @@ def test_bounds_match_the_operator(crd):
             "model": {"source": "bundled://smollm2-135m"},
             "autoscaling": {"behavior": {"scaleDown": {}}},
         },
+        {"model": {"source": "bundled://smollm2-135m"}, "resources": {"gpus": 2}},
+        {"model": {"source": "bundled://smollm2-135m"}, "networkPolicy": {"enabled": True}},
     ],
-    ids=["bundled", "hf", "pvc", "autoscaling", "behavior"],
+    ids=["bundled", "hf", "pvc", "autoscaling", "behavior", "gpus-without-tp", "network-policy"],
 )
 def test_crd_defaults_agree_with_the_operator_defaults(crd_validator, spec):
     obj = isvc_object()
@@ -185,6 +190,10 @@ def test_cel_rules_reject_what_the_schema_alone_allows(crd_validator):
     """These objects pass the OpenAPI schema; only the CEL rules catch them."""
     cross_field = {
         "tp": {"resources": {"gpus": 3}, "runtime": {"tensorParallelSize": 2}},
+        "shm": {"resources": {"gpus": 1, "shmSize": "1Gi"}},
+        "abbreviation": {"runtime": {"extraArgs": ["--por=8081"]}},
+        "files-on-pvc": {"model": {"source": "pvc://m/x", "files": ["*.gguf"]}},
+        "pod-label": {"podMetadata": {"labels": {"app.kubernetes.io/managed-by": "me"}}},
         "scaling": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
         "flags": {"runtime": {"extraArgs": ["--host=1.2.3.4"]}},
         "kv": {"autoscaling": {"metrics": [{"type": "kvTokenUsage", "target": 2}]}},
@@ -205,10 +214,18 @@ def test_a_valid_object_with_every_field_passes(crd_validator):
             "servedName": "m",
             "tokenSecretRef": {"name": "hf", "key": "t"},
             "storageSize": "20Gi",
+            "files": ["*.safetensors", "*.json"],
+            "cache": {"claimName": "hf-cache"},
         },
         image="img:1",
         replicas=2,
-        resources={"gpus": 4, "gpuResource": "amd.com/gpu", "cpu": "500m", "memory": "8Gi"},
+        resources={
+            "gpus": 4,
+            "gpuResource": "amd.com/gpu",
+            "cpu": "500m",
+            "memory": "8Gi",
+            "shmSize": "8Gi",
+        },
         runtime={
             "tensorParallelSize": 4,
             "pageSize": 16,
@@ -246,6 +263,21 @@ def test_a_valid_object_with_every_field_passes(crd_validator):
             "affinity": {"nodeAffinity": {}},
             "priorityClassName": "high",
             "runtimeClassName": "nvidia",
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                }
+            ],  # fmt: skip
+        },
+        serviceAccountName="inference",
+        imagePullSecrets=[{"name": "regcred"}],
+        podMetadata={"labels": {"team": "ml"}, "annotations": {"example.com/a": "b"}},
+        networkPolicy={
+            "enabled": True,
+            "allowedNamespaces": ["apps"],
+            "monitoringNamespace": "obs",
         },
         env=[
             {"name": "LOG_LEVEL", "value": "debug"},

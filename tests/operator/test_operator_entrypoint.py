@@ -30,6 +30,13 @@ def test_python_dash_m_runs_the_operator(tmp_path):
             what="the operator process to create the Deployment",
         )
         assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
+        wait_for(  # logged before the Event is posted
+            lambda: any(
+                e["reason"] == "Created" for e in cluster.list("v1", "events", "entrypoint")
+            ),
+            timeout=30,
+            what="the Created event",
+        )
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=30)

@@ -27,7 +27,12 @@ def test_environment_sets_every_field():
             "SLUICE_PRIORITY": "100",
             "SLUICE_LIVENESS_ENDPOINT": "http://0.0.0.0:8080/healthz",
             "SLUICE_RETRY_DELAY_SECONDS": "2.5",
+            "SLUICE_RETRY_MAX_DELAY_SECONDS": "60",
+            "SLUICE_RESYNC_SECONDS": "120",
+            "SLUICE_WORKERS": "8",
             "SLUICE_API_TIMEOUT_SECONDS": "5",
+            "SLUICE_RUN_AS_USER": "none",
+            "SLUICE_ROLL_ON_UPGRADE": "true",
         }
     )
     assert settings == Settings(
@@ -41,9 +46,20 @@ def test_environment_sets_every_field():
         priority=100,
         liveness_endpoint="http://0.0.0.0:8080/healthz",
         retry_delay_seconds=2.5,
+        retry_max_delay_seconds=60.0,
+        resync_seconds=120.0,
+        workers=8,
         api_timeout_seconds=5.0,
+        run_as_user=None,
+        roll_on_upgrade=True,
     )
     assert not settings.clusterwide and not settings.standalone
+
+
+def test_run_as_user_is_a_uid_or_left_to_the_platform():
+    assert Settings.from_env({"SLUICE_RUN_AS_USER": "1001"}).run_as_user == 1001
+    assert Settings.from_env({}).run_as_user == 1000
+    assert Settings().with_flags(["--run-as-user", "none"]).run_as_user is None
 
 
 def test_flags_override_the_environment():
@@ -63,6 +79,10 @@ def test_flags_override_the_environment():
         {"SLUICE_LOG_FORMAT": "xml"},
         {"SLUICE_POD_MONITORS": "always"},
         {"SLUICE_RETRY_DELAY_SECONDS": "0"},
+        {"SLUICE_RESYNC_SECONDS": "0"},
+        {"SLUICE_WORKERS": "0"},
+        {"SLUICE_RETRY_DELAY_SECONDS": "5", "SLUICE_RETRY_MAX_DELAY_SECONDS": "1"},
+        {"SLUICE_RUN_AS_USER": "0"},
         {"SLUICE_DEFAULT_IMAGE": "has space"},
     ],
 )

@@ -6,11 +6,13 @@ import pytest
 from invalid_cases import INVALID_CASES
 from operator_testkit import IMAGE
 
-from sluice.operator.parsing import SpecError, parse_spec
+from sluice.operator.parsing import SpecError, abbreviates, parse_spec
 from sluice.operator.spec import (
     Autoscaling,
     MetricTarget,
     ModelSource,
+    NetworkPolicy,
+    PodOptions,
     Resources,
     RuntimeOptions,
     ScalingRules,
@@ -77,11 +79,65 @@ def test_explicit_served_name_and_image_win(make_spec):
     assert isvc.image == "mine:2"
 
 
-def test_autoscaling_min_replicas_decide_the_pdb(make_spec):
-    assert not make_spec(replicas=1).wants_pdb
-    assert make_spec(replicas=2).wants_pdb
-    assert not make_spec(replicas=3, autoscaling={"enabled": True, "minReplicas": 1}).wants_pdb
-    assert make_spec(replicas=1, autoscaling={"enabled": True, "minReplicas": 2}).wants_pdb
+def test_tensor_parallel_size_defaults_to_the_gpus_of_a_replica(make_spec):
+    assert make_spec(resources={"gpus": 4}).runtime.tensor_parallel_size == 4
+    assert make_spec(resources={"gpus": 0}).runtime.tensor_parallel_size == 1
+    assert make_spec(runtime={"tensorParallelSize": 2}).runtime.tensor_parallel_size == 2  # CPU
+
+
+def test_drain_timeout_is_the_grace_period_less_prestop_and_exit_margin(make_spec):
+    assert make_spec().drain_timeout_seconds == 120 - 5 - 5
+    assert make_spec(terminationGracePeriodSeconds=300).drain_timeout_seconds == 290
+    assert make_spec(terminationGracePeriodSeconds=15).drain_timeout_seconds == 5
+
+
+def test_an_autoscaled_deployment_starts_within_the_autoscaling_bounds(make_spec):
+    scaling = {"enabled": True, "minReplicas": 2, "maxReplicas": 5}
+    assert make_spec(replicas=1, autoscaling=scaling).autoscaled_start_replicas == 2
+    assert make_spec(replicas=3, autoscaling=scaling).autoscaled_start_replicas == 3
+    assert make_spec(replicas=9, autoscaling=scaling).autoscaled_start_replicas == 5
+
+
+@pytest.mark.parametrize(
+    ("arg", "managed"),
+    [
+        ("--port=8081", "--port"),
+        ("--por=8081", "--port"),
+        ("--hos", "--host"),
+        ("--devic=cuda", "--device"),
+        ("--d", "--device"),  # ambiguous for argparse, still refused
+        ("--", "--model"),  # ends the options: what follows would be positional
+        ("--max-total-tokens=4096", None),
+        ("--model-cache-dir=/x", None),  # longer than --model: a different flag
+        ("cuda", None),
+        ("-p", None),
+    ],
+)
+def test_extra_args_are_checked_as_argparse_would_read_them(arg, managed):
+    assert abbreviates(arg) == managed
+
+
+def test_one_literal_file_is_loaded_as_a_file(make_spec):
+    gguf = make_spec(model={"source": "hf://org/m-GGUF", "files": ["m-q4_k_m.gguf"]})
+    assert gguf.model.single_file == "m-q4_k_m.gguf"
+    assert make_spec(model={"source": "hf://org/m", "files": ["*.gguf"]}).model.single_file is None
+    assert make_spec(model={"source": "hf://org/m"}).model.single_file is None
+
+
+def test_pod_options_and_network_policy_are_read(make_spec):
+    isvc = make_spec(
+        serviceAccountName="inference",
+        imagePullSecrets=[{"name": "regcred"}],
+        podMetadata={"labels": {"team": "ml"}, "annotations": {"sidecar.istio.io/inject": "false"}},
+        networkPolicy={"enabled": True, "allowedNamespaces": ["apps"]},
+    )
+    assert isvc.pod == PodOptions(
+        service_account_name="inference",
+        image_pull_secrets=("regcred",),
+        labels={"team": "ml"},
+        annotations={"sidecar.istio.io/inject": "false"},
+    )
+    assert isvc.network_policy == NetworkPolicy(True, ("apps",), "monitoring")
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Status from the Deployment: phase, conditions with reasons, counts, transition times."""
+"""Status from the children: each condition, the phase derived from them, the Events of
+their transitions. Pod statuses are shaped as the kubelet writes them."""
 
 from __future__ import annotations
 
@@ -6,14 +7,41 @@ from typing import Any
 
 import pytest
 
-from sluice.operator.status import Observed, compute_status, status_changed
+from sluice.operator.observe import current_replica_set
+from sluice.operator.status import (
+    Event,
+    Failure,
+    Observed,
+    compute_status,
+    status_changed,
+    transition_events,
+)
 
 NOW = "2026-01-01T00:00:10Z"
 EARLIER = "2026-01-01T00:00:00Z"
+TEMPLATE = {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "runtime"}]}}
 
 
 def deployment(desired: int = 2, generation: int = 1, **status: Any) -> dict[str, Any]:
-    return {"metadata": {"generation": generation}, "spec": {"replicas": desired}, "status": status}
+    return {
+        "metadata": {"generation": generation, "uid": "dep-uid"},
+        "spec": {"replicas": desired, "template": TEMPLATE},
+        "status": status,
+    }
+
+
+def replica_set(available: int, template: dict | None = None, owner: str = "dep-uid") -> dict:
+    tpl = {**(template or TEMPLATE)}
+    tpl["metadata"] = {"labels": {**tpl["metadata"]["labels"], "pod-template-hash": "abc"}}
+    return {
+        "metadata": {
+            "name": "chat-abc",
+            "labels": {"pod-template-hash": "abc"},
+            "ownerReferences": [{"uid": owner, "controller": True}],
+        },
+        "spec": {"template": tpl},
+        "status": {"availableReplicas": available},
+    }
 
 
 def cond(type_: str, status: str, reason: str, message: str = "") -> dict[str, str]:
@@ -21,17 +49,30 @@ def cond(type_: str, status: str, reason: str, message: str = "") -> dict[str, s
 
 
 def status_of(
-    dep: dict[str, Any] | None, *, previous: dict[str, Any] | None = None, error: str | None = None
+    dep: dict[str, Any] | None,
+    *,
+    rs: dict | None = None,
+    pods: tuple = (),
+    hpa: dict | None = None,
+    autoscaling: bool = False,
+    min_replicas: int = 1,
+    previous: dict[str, Any] | None = None,
+    failure: Failure | None = None,
 ) -> dict[str, Any]:
     observed = Observed(
         name="chat",
         namespace="ml",
         generation=4,
         deployment=dep,
+        replica_set=rs,
+        pods=pods,
+        hpa=hpa,
+        autoscaling=autoscaling,
+        min_replicas=min_replicas,
         default_replicas=2,
         served_model_name="m",
-        failure_reason=error and "InvalidSpec",
-        failure_message=error or "",
+        image="img:1",
+        failure=failure,
     )
     return compute_status(
         observed, previous=previous or {}, now=NOW, cluster_domain="cluster.local"
@@ -40,6 +81,10 @@ def status_of(
 
 def summary(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def message(status: dict[str, Any], type_: str) -> str:
+    return next(c["message"] for c in status["conditions"] if c["type"] == type_)
 
 
 ROLLING = dict(
@@ -84,7 +129,7 @@ READY = dict(
             "Pending",
             {
                 "Ready": ("False", "DeploymentCreated"),
-                "Available": ("False", "NoReplicasReady"),
+                "Available": ("False", "NoReplicasAvailable"),
                 "Progressing": ("True", "DeploymentCreated"),
                 "Degraded": ("False", "AsExpected"),
             },
@@ -93,9 +138,9 @@ READY = dict(
             deployment(**ROLLING),
             "Progressing",
             {
-                "Ready": ("False", "ReplicaSetUpdated"),
-                "Available": ("False", "NoReplicasReady"),
-                "Progressing": ("True", "ReplicaSetUpdated"),
+                "Ready": ("False", "ReplicasStarting"),
+                "Available": ("False", "NoReplicasAvailable"),
+                "Progressing": ("True", "ReplicasStarting"),
                 "Degraded": ("False", "AsExpected"),
             },
         ),
@@ -103,8 +148,8 @@ READY = dict(
             deployment(**READY),
             "Ready",
             {
-                "Ready": ("True", "AllReplicasReady"),
-                "Available": ("True", "ReplicasReady"),
+                "Ready": ("True", "Serving"),
+                "Available": ("True", "ReplicasAvailable"),
                 "Progressing": ("False", "RolloutComplete"),
                 "Degraded": ("False", "AsExpected"),
             },
@@ -113,9 +158,9 @@ READY = dict(
             deployment(**{**READY, "readyReplicas": 1, "availableReplicas": 1}),
             "Progressing",
             {
-                "Ready": ("False", "NewReplicaSetAvailable"),
-                "Available": ("True", "ReplicasReady"),
-                "Progressing": ("True", "NewReplicaSetAvailable"),
+                "Ready": ("False", "ReplicasStarting"),
+                "Available": ("True", "ReplicasAvailable"),
+                "Progressing": ("True", "ReplicasStarting"),
                 "Degraded": ("False", "AsExpected"),
             },
         ),
@@ -131,7 +176,7 @@ READY = dict(
             "Degraded",
             {
                 "Ready": ("False", "ProgressDeadlineExceeded"),
-                "Available": ("False", "NoReplicasReady"),
+                "Available": ("False", "NoReplicasAvailable"),
                 "Progressing": ("False", "ProgressDeadlineExceeded"),
                 "Degraded": ("True", "ProgressDeadlineExceeded"),
             },
@@ -148,8 +193,8 @@ READY = dict(
             "Degraded",
             {
                 "Ready": ("False", "FailedCreate"),
-                "Available": ("False", "NoReplicasReady"),
-                "Progressing": ("True", "FailedCreate"),
+                "Available": ("False", "NoReplicasAvailable"),
+                "Progressing": ("True", "ReplicasStarting"),
                 "Degraded": ("True", "FailedCreate"),
             },
         ),
@@ -167,9 +212,19 @@ READY = dict(
             deployment(generation=2, **READY),
             "Progressing",
             {
-                "Ready": ("False", "NewReplicaSetAvailable"),
-                "Available": ("True", "ReplicasReady"),
-                "Progressing": ("True", "NewReplicaSetAvailable"),
+                "Ready": ("False", "DeploymentUpdated"),
+                "Available": ("True", "ReplicasAvailable"),
+                "Progressing": ("True", "DeploymentUpdated"),
+                "Degraded": ("False", "AsExpected"),
+            },
+        ),
+        (
+            deployment(**{**READY, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 3}),
+            "Progressing",
+            {
+                "Ready": ("False", "RollingOut"),
+                "Available": ("True", "ReplicasAvailable"),
+                "Progressing": ("True", "RollingOut"),
                 "Degraded": ("False", "AsExpected"),
             },
         ),
@@ -184,16 +239,17 @@ READY = dict(
         "replica-failure",
         "scaled-to-zero",
         "new-generation-unobserved",
+        "rolling-out",
     ],
 )
 def test_phase_and_conditions_follow_the_deployment(dep, phase, conditions):
     status = status_of(dep)
 
-    assert status["phase"] == phase
     assert summary(status) == conditions
+    assert status["phase"] == phase
 
 
-def test_ready_status_reports_counts_url_and_selector():
+def test_ready_status_reports_counts_url_selector_and_image():
     assert {k: v for k, v in status_of(deployment(**READY)).items() if k != "conditions"} == {
         "phase": "Ready",
         "replicas": 2,
@@ -202,19 +258,186 @@ def test_ready_status_reports_counts_url_and_selector():
         "url": "http://chat.ml.svc.cluster.local",
         "selector": "app.kubernetes.io/instance=chat,app.kubernetes.io/name=sluice-runtime",
         "servedModelName": "m",
+        "image": "img:1",
         "observedGeneration": 4,
     }
 
 
-def test_losing_a_replica_after_the_rollout_is_degraded():
-    dep = deployment(**{**READY, "readyReplicas": 1, "availableReplicas": 2})
-    status = status_of(dep)
+def test_an_autoscaler_scaling_up_does_not_make_a_serving_service_unready():
+    # the HPA raised 2 → 4; two new pods are loading, the two old ones serve
+    scaling = deployment(
+        desired=4, **{**READY, "replicas": 4, "updatedReplicas": 4, "availableReplicas": 2}
+    )
+    status = status_of(scaling, rs=replica_set(available=2), autoscaling=True, min_replicas=2)
+
+    assert summary(status)["Ready"] == ("True", "Serving")
+    assert summary(status)["Progressing"] == ("True", "ReplicasStarting")
+    assert status["phase"] == "Ready"
+    assert message(status, "Ready") == (
+        "2/4 replicas of the current version available (serving needs 2)"
+    )
+
+
+def test_ready_counts_only_pods_of_the_current_template():
+    # a new template is rolling out: 2 old pods serve, the new ReplicaSet has none yet
+    rolling = deployment(**{**READY, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2})
+    status = status_of(rolling, rs=replica_set(available=0), autoscaling=True, min_replicas=1)
+    assert summary(status)["Ready"] == ("False", "RollingOut")
+    assert summary(status)["Available"] == ("True", "ReplicasAvailable")  # old pods serve
+
+    done = status_of(rolling, rs=replica_set(available=1), autoscaling=True, min_replicas=1)
+    assert summary(done)["Ready"] == ("True", "Serving")
+
+
+def test_the_current_replica_set_is_the_one_with_the_deployments_template():
+    dep = deployment()
+    current = replica_set(1)
+    older = replica_set(1, template={**TEMPLATE, "spec": {"containers": [{"name": "old"}]}})
+    foreign = replica_set(1, owner="other-uid")
+
+    assert current_replica_set(dep, [older, foreign, current]) is current
+    assert current_replica_set(dep, [older, foreign]) is None
+
+
+def pod(name: str = "chat-abc-1", **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"phase": "Pending", **status}}
+
+
+def waiting(reason: str, message: str = "", *, restarts: int = 0, last: dict | None = None) -> dict:
+    container: dict[str, Any] = {
+        "name": "runtime",
+        "ready": False,
+        "restartCount": restarts,
+        "state": {"waiting": {"reason": reason, "message": message}},
+    }
+    if last:
+        container["lastState"] = {"terminated": last}
+    return container
+
+
+CRASH_LOOP = pod(
+    phase="Running",
+    containerStatuses=[
+        waiting(
+            "CrashLoopBackOff",
+            "back-off 5m0s restarting failed container=runtime",
+            restarts=7,
+            last={"exitCode": 1, "reason": "Error", "message": "scheduler process exited"},
+        )
+    ],
+)
+UNSCHEDULABLE = pod(
+    conditions=[
+        cond(
+            "PodScheduled",
+            "False",
+            "Unschedulable",
+            "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+        )
+    ]
+)
+NO_PVC = pod(
+    conditions=[
+        cond("PodScheduled", "False", "Unschedulable", 'persistentvolumeclaim "models" not found')
+    ]
+)
+IMAGE_PULL = pod(
+    containerStatuses=[
+        waiting("ImagePullBackOff", 'Back-off pulling image "registry.example/sluice:nope"')
+    ]
+)
+OOM = pod(
+    phase="Running",
+    containerStatuses=[
+        waiting(
+            "CrashLoopBackOff",
+            "back-off 40s",
+            restarts=3,
+            last={"exitCode": 137, "reason": "OOMKilled"},
+        )
+    ],
+)
+MISSING_SECRET = pod(
+    containerStatuses=[waiting("CreateContainerConfigError", 'secret "hf-token" not found')]
+)
+DOWNLOAD_FAILS = pod(
+    phase="Pending",
+    initContainerStatuses=[
+        {**waiting("CrashLoopBackOff", "back-off 1m", restarts=4), "name": "model-download"}
+    ],
+)
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "reason", "fragment"),
+    [
+        (CRASH_LOOP, "CrashLoopBackOff", "container runtime: CrashLoopBackOff: last exit code 1"),
+        (UNSCHEDULABLE, "Unschedulable", "Insufficient nvidia.com/gpu"),
+        (NO_PVC, "Unschedulable", 'persistentvolumeclaim "models" not found'),
+        (IMAGE_PULL, "ImagePullBackOff", "registry.example/sluice:nope"),
+        (OOM, "OOMKilled", "killed for exceeding its memory limit"),
+        (MISSING_SECRET, "CreateContainerConfigError", 'secret "hf-token" not found'),
+        (DOWNLOAD_FAILS, "CrashLoopBackOff", "init container model-download"),
+    ],
+    ids=["crash-loop", "no-gpu", "no-pvc", "image-pull", "oom", "missing-secret", "download"],
+)
+def test_a_pod_problem_is_degraded_with_its_reason_and_message(the_pod, reason, fragment):
+    status = status_of(deployment(**ROLLING), rs=replica_set(0), pods=(the_pod,))
+
+    assert summary(status)["Degraded"] == ("True", reason)
+    assert fragment in message(status, "Degraded")
+    assert message(status, "Degraded").startswith("pod chat-abc-1: ")
+    assert summary(status)["Ready"] == ("False", reason)
     assert status["phase"] == "Degraded"
-    assert summary(status)["Degraded"] == ("True", "ReplicasUnavailable")
+
+
+def test_the_worst_problem_wins_and_the_count_is_told():
+    healthy = pod("chat-abc-0", phase="Running", containerStatuses=[
+        {"name": "runtime", "ready": True, "restartCount": 0, "state": {"running": {}}}
+    ])  # fmt: skip
+    pods = (
+        healthy,
+        pod("chat-abc-1", **CRASH_LOOP["status"]),
+        pod("chat-abc-2", **IMAGE_PULL["status"]),
+    )
+    status = status_of(deployment(**READY), rs=replica_set(1), pods=pods)
+
+    assert summary(status)["Degraded"] == ("True", "ImagePullBackOff")
+    assert message(status, "Degraded").endswith("(2 of 3 pods affected)")
+
+
+def test_terminating_pods_are_not_problems():
+    leaving = pod(**CRASH_LOOP["status"])
+    leaving["metadata"]["deletionTimestamp"] = EARLIER
+    status = status_of(deployment(**READY), rs=replica_set(2), pods=(leaving,))
+    assert summary(status)["Degraded"] == ("False", "AsExpected")
+
+
+def test_an_autoscaler_that_cannot_read_its_metrics_is_degraded():
+    hpa = {
+        "status": {
+            "conditions": [
+                cond("AbleToScale", "True", "SucceededGetScale"),
+                cond(
+                    "ScalingActive",
+                    "False",
+                    "FailedGetPodsMetric",
+                    "unable to get metric sluice_queue_requests: no metrics returned",
+                ),
+            ]
+        }
+    }
+    status = status_of(deployment(**READY), rs=replica_set(2), hpa=hpa, autoscaling=True)
+
+    assert summary(status)["Degraded"] == ("True", "AutoscalingInactive")
+    assert "FailedGetPodsMetric" in message(status, "Degraded")
+    assert summary(status)["Ready"] == ("True", "Serving")  # it serves at its current size
+    assert status["phase"] == "Degraded"
 
 
 def test_invalid_spec_fails_and_says_why():
-    status = status_of(deployment(**READY), error="spec.replicas: must be >= 0, got -1")
+    failure = Failure("InvalidSpec", "spec.replicas: must be >= 0, got -1")
+    status = status_of(deployment(**READY), failure=failure)
 
     assert status["phase"] == "Failed"
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
@@ -223,7 +446,14 @@ def test_invalid_spec_fails_and_says_why():
         "InvalidSpec",
         "spec.replicas: must be >= 0, got -1",
     )
-    assert summary(status)["Available"] == ("True", "ReplicasReady")  # the old version still serves
+    assert summary(status)["Available"] == ("True", "ReplicasAvailable")  # the old version serves
+
+
+def test_waiting_for_garbage_collection_is_pending_not_failed():
+    failure = Failure(
+        "WaitingForGarbageCollection", "Deployment ml/chat still belongs to ...", "Pending"
+    )
+    assert status_of(None, failure=failure)["phase"] == "Pending"
 
 
 def test_transition_time_is_kept_while_a_condition_holds():
@@ -247,10 +477,28 @@ def test_transition_time_is_kept_while_a_condition_holds():
 def test_unchanged_status_is_not_rewritten():
     status = status_of(deployment(**READY))
     again = compute_status(
-        Observed("chat", "ml", 4, deployment(**READY), default_replicas=2, served_model_name="m"),
+        Observed(
+            "chat", "ml", 4, deployment(**READY), default_replicas=2, served_model_name="m",
+            image="img:1",
+        ),
         previous=status,
         now="2027-01-01T00:00:00Z",
         cluster_domain="cluster.local",
-    )
+    )  # fmt: skip
     assert not status_changed(status, again)
     assert status_changed(status, status_of(deployment(**ROLLING), previous=status))
+
+
+def test_events_mark_transitions_not_states():
+    loading = status_of(deployment(**ROLLING))
+    crashing = status_of(
+        deployment(**ROLLING), rs=replica_set(0), pods=(CRASH_LOOP,), previous=loading
+    )
+    ready = status_of(deployment(**READY), previous=crashing)
+
+    assert transition_events({}, loading) == []  # a rollout step is no news
+    assert transition_events(loading, crashing) == [
+        Event("Warning", "CrashLoopBackOff", message(crashing, "Degraded"))
+    ]  # Ready=False for the same reason is the same news: one event
+    assert transition_events(crashing, crashing) == []  # a resync posts nothing
+    assert transition_events(crashing, ready) == [Event("Normal", "Ready", message(ready, "Ready"))]

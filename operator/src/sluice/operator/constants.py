@@ -18,8 +18,14 @@ SHORT_NAME = "sisvc"
 
 # --- who we are ---------------------------------------------------------------------------
 FIELD_MANAGER = "sluice-operator"
+# holds Deployment.spec.replicas while autoscaling takes it over (server-side apply's
+# documented hand-over; see replicas.py)
+HANDOVER_FIELD_MANAGER = "sluice-operator-replicas-handover"
 MANAGER_LABEL_VALUE = "sluice-operator"
-ANNOTATION_PREFIX = GROUP  # Kopf's progress and diff-base annotations live under it
+ANNOTATION_PREFIX = GROUP
+# on the Deployment: the InferenceService's spec.replicas when the Deployment was last applied
+ANNOTATION_SPEC_REPLICAS = f"{GROUP}/spec-replicas"
+EVENT_SOURCE = "sluice-operator"
 
 # --- labels every child carries ------------------------------------------------------------
 LABEL_NAME = "app.kubernetes.io/name"
@@ -32,10 +38,13 @@ COMPONENT = "inference"
 PART_OF = "sluice"
 
 # --- the runtime container ------------------------------------------------------------------
+LABEL_POD_TEMPLATE_HASH = "pod-template-hash"  # set by the Deployment controller
+LABEL_NAMESPACE_NAME = "kubernetes.io/metadata.name"  # every namespace has it (1.21+)
+TOPOLOGY_KEY_NODE = "kubernetes.io/hostname"
 CONTAINER_NAME = "runtime"
 DOWNLOAD_CONTAINER_NAME = "model-download"
 DEFAULT_IMAGE = "sluice-runtime:latest"
-RUN_AS_USER = 1000  # the runtime image's non-root user (uid and gid)
+RUN_AS_USER = 1000  # the runtime image's non-root user (uid and gid); see settings
 SERVICE_PORT = 80
 SERVICE_PORT_NAME = "http"
 BIND_HOST = "0.0.0.0"
@@ -47,7 +56,9 @@ PVC_MODEL_DIR = f"{MODELS_DIR}/pvc"
 CACHE_DIR = "/var/cache/sluice"
 TMP_DIR = "/tmp"
 SHM_DIR = "/dev/shm"
+SHARED_CACHE_DIR = "/models-cache"  # a ReadWriteMany claim: the download's HF_HOME
 VOLUME_MODEL = "model"
+VOLUME_MODEL_CACHE = "model-cache"
 VOLUME_CACHE = "cache"
 VOLUME_TMP = "tmp"
 VOLUME_SHM = "dshm"
@@ -58,6 +69,8 @@ ENV_XDG_CACHE_HOME = "XDG_CACHE_HOME"
 ENV_MODEL_REPO = "SLUICE_MODEL_REPO"
 ENV_MODEL_REVISION = "SLUICE_MODEL_REVISION"
 ENV_MODEL_DIR = "SLUICE_MODEL_DIR"
+ENV_MODEL_FILES = "SLUICE_MODEL_FILES"
+ENV_MODEL_CACHE = "SLUICE_MODEL_CACHE"
 
 # --- probes and draining ----------------------------------------------------------------------
 STARTUP_PROBE_PERIOD_SECONDS = 10
@@ -66,6 +79,11 @@ LIVENESS_PERIOD_SECONDS = 10
 LIVENESS_FAILURE_THRESHOLD = 6
 PROBE_TIMEOUT_SECONDS = 5
 PRESTOP_SLEEP_SECONDS = 5  # let Service endpoints drop the pod before SIGTERM starts the drain
+DRAIN_EXIT_MARGIN_SECONDS = 5  # after the drain: stop the child processes and exit
+MIN_DRAIN_SECONDS = 5
+MIN_TERMINATION_GRACE_SECONDS = (
+    PRESTOP_SLEEP_SECONDS + DRAIN_EXIT_MARGIN_SECONDS + MIN_DRAIN_SECONDS
+)
 PROGRESS_DEADLINE_MARGIN_SECONDS = 600  # image pull, scheduling, model download
 
 # --- spec defaults (mirrored in the CRD's openAPIV3Schema) --------------------------------------
@@ -81,6 +99,8 @@ DEFAULT_STARTUP_TIMEOUT_SECONDS = 1800
 DEFAULT_TERMINATION_GRACE_SECONDS = 120
 DEFAULT_HF_TOKEN_KEY = "HF_TOKEN"
 DEFAULT_API_KEY_KEY = "SLUICE_API_KEY"
+DEFAULT_MONITORING_NAMESPACE = "monitoring"
+SHM_GIB_PER_RANK = 1  # default /dev/shm size per tensor-parallel rank
 
 # --- bounds (mirrored in the CRD) --------------------------------------------------------------------
 MAX_NAME_LENGTH = 52  # Deployment name + ReplicaSet hash + pod suffix stay within 63 characters
@@ -109,3 +129,6 @@ CONDITION_DEGRADED = "Degraded"
 CONDITION_TYPES = (CONDITION_READY, CONDITION_AVAILABLE, CONDITION_PROGRESSING, CONDITION_DEGRADED)
 
 REASON_INVALID_SPEC = "InvalidSpec"
+REASON_APPLY_FAILED = "ApplyFailed"
+REASON_NAME_CONFLICT = "NameConflict"
+REASON_WAITING_FOR_GC = "WaitingForGarbageCollection"

@@ -1,186 +1,112 @@
-"""Object-level flows the Kopf handlers call: converge one InferenceService, refresh its
-status from a Deployment event. Everything here is reached with explicit arguments
-(settings, API client, clock); nothing reads globals or the environment.
+"""The controller: a work queue of InferenceService keys and the workers that reconcile them.
+
+As in controller-runtime: every trigger only queues the key (namespace, name); a worker
+runs the one `reconcile` for it (reconcile.py). A key is never reconciled by two workers
+at once, and triggers that arrive meanwhile coalesce into one more run. After a success
+the key is queued again after the resync period (with a little jitter, so a fleet does not
+resync in lockstep); after a failure, after an exponential back-off (retry delay, doubled
+per consecutive failure, capped). A deleted object leaves the queue.
+
+Triggers (handlers.py): an InferenceService that is new or whose generation (its spec)
+differs from the one last reconciled, and any event of a child or pod that names one as its
+owner. Metadata and status changes of an InferenceService (our own status writes among
+them) wait for the resync.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timezone
+import asyncio
+import logging
+import random
+from collections.abc import Mapping
 from typing import Any
 
-import kopf
+from .kube import ApiError
+from .reconcile import Context, StatusConflict, reconcile
+from .workqueue import Backoff, WorkQueue
 
-from . import constants as c
-from .kube import DEPLOYMENTS, INFERENCESERVICES, PODMONITORS, ApiError, KubeApi
-from .parsing import parse_spec
-from .reconcile import apply_plan, as_kopf_error, plan
-from .settings import Settings
-from .spec import InferenceServiceSpec
-from .status import Observed, compute_status, status_changed
-from .validation import SpecError
-
-Clock = Callable[[], str]
+logger = logging.getLogger("sluice.operator")
+Key = tuple[str, str]
+RESYNC_JITTER = 0.1
 
 
-def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+class Controller:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        settings = ctx.settings
+        self.queue: WorkQueue[Key] = WorkQueue(
+            Backoff(settings.retry_delay_seconds, settings.retry_max_delay_seconds)
+        )
+        self._workers: list[asyncio.Task[None]] = []
+        self._generations: dict[Key, int] = {}  # the generation last reconciled
 
+    @property
+    def running(self) -> bool:
+        return bool(self._workers)
 
-@dataclass(frozen=True)
-class Context:
-    """What a flow needs besides the object: configuration, API access, a clock."""
+    def start(self) -> None:
+        for index in range(self.ctx.settings.workers):
+            task = asyncio.get_running_loop().create_task(self._work(), name=f"reconciler-{index}")
+            self._workers.append(task)
 
-    settings: Settings
-    api: KubeApi
-    clock: Clock = utc_now
+    async def stop(self) -> None:
+        self.queue.close()
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers.clear()
 
+    def enqueue(self, key: Key) -> None:
+        self.queue.add(key)
 
-def read_spec(body: Mapping[str, Any], settings: Settings) -> InferenceServiceSpec:
-    """Parse the body's spec; raises SpecError."""
-    meta = body.get("metadata") or {}
-    spec = copy.deepcopy(dict(body.get("spec") or {}))
-    return parse_spec(meta["name"], meta["namespace"], spec, default_image=settings.default_image)
+    def on_inferenceservice_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.queue.discard(key)
+            self._generations.pop(key, None)
+            return
+        if event_type == "MODIFIED" and meta.get("generation") == self._generations.get(key):
+            return  # metadata or status only (our own status writes): nothing to converge
+        self.queue.add(key)
 
+    async def _work(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self._run(key)
+            finally:
+                self.queue.done(key)
 
-async def failed_status(
-    body: Mapping[str, Any], reason: str, message: str, ctx: Context
-) -> dict[str, Any]:
-    """Status for a spec that cannot be applied: phase Failed with the reason; the counts and
-    conditions still describe the Deployment of the last good spec, which keeps serving."""
-    deployment = await _owned_deployment(body, ctx)
-    return status_with(
-        body, deployment, ctx, generation=_generation(body), failure=(reason, message)
-    )
-
-
-def status_with(
-    body: Mapping[str, Any],
-    deployment: Mapping[str, Any] | None,
-    ctx: Context,
-    *,
-    generation: int | None,
-    failure: tuple[str, str] | None = None,
-    default_replicas: int = 1,
-    served_model_name: str | None = None,
-) -> dict[str, Any]:
-    """The status of `body` given its Deployment; `generation` becomes observedGeneration
-    (None leaves the recorded one alone)."""
-    meta = body.get("metadata") or {}
-    previous = body.get("status") or {}
-    observed = Observed(
-        name=meta["name"],
-        namespace=meta["namespace"],
-        generation=generation,
-        deployment=deployment,
-        default_replicas=default_replicas,
-        served_model_name=served_model_name or previous.get("servedModelName"),
-        failure_reason=failure[0] if failure else None,
-        failure_message=failure[1] if failure else "",
-    )
-    return compute_status(
-        observed, previous=previous, now=ctx.clock(), cluster_domain=ctx.settings.cluster_domain
-    )
-
-
-def _generation(body: Mapping[str, Any]) -> int | None:
-    generation: int | None = (body.get("metadata") or {}).get("generation")
-    return generation
-
-
-async def _owned_deployment(body: Mapping[str, Any], ctx: Context) -> dict[str, Any] | None:
-    """The Deployment this InferenceService controls, if any (None if unreadable now)."""
-    meta = body.get("metadata") or {}
-    try:
-        deployment = await ctx.api.get(DEPLOYMENTS, meta["namespace"], meta["name"])
-    except ApiError:
-        return None
-    if deployment is None or controller_of(deployment) != (meta["name"], meta.get("uid")):
-        return None
-    return deployment
-
-
-async def converge(
-    body: Mapping[str, Any], isvc: InferenceServiceSpec, ctx: Context, logger: kopf.Logger
-) -> dict[str, Any]:
-    """Apply the children of a valid spec; return the new status."""
-    try:
-        podmonitors = await _podmonitors_wanted(ctx)
-    except ApiError as error:
-        raise as_kopf_error(error, ctx.settings.retry_delay_seconds) from error
-    deployment = await apply_plan(
-        ctx.api,
-        plan(isvc, podmonitors=podmonitors),
-        owner=body,
-        namespace=isvc.namespace,
-        name=isvc.name,
-        retry_delay=ctx.settings.retry_delay_seconds,
-        logger=logger,
-    )
-    return status_with(
-        body,
-        deployment,
-        ctx,
-        generation=_generation(body),
-        default_replicas=isvc.min_serving_replicas,
-        served_model_name=isvc.model.served_name,
-    )
-
-
-async def _podmonitors_wanted(ctx: Context) -> bool | None:
-    if not await ctx.api.serves(PODMONITORS):
-        return None
-    return ctx.settings.pod_monitors == "auto"
-
-
-def controller_of(child: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(name, uid) of the InferenceService that controls `child`, if any."""
-    for ref in (child.get("metadata") or {}).get("ownerReferences") or []:
-        if (
-            ref.get("controller")
-            and ref.get("kind") == c.KIND
-            and ref.get("apiVersion", "").startswith(f"{c.GROUP}/")
-        ):
-            return ref["name"], ref["uid"]
-    return None
-
-
-async def on_deployment_event(
-    event_type: str | None, deployment: Mapping[str, Any], ctx: Context, logger: kopf.Logger
-) -> None:
-    """Mirror a Deployment change into its owner's status; recreate it if it was deleted."""
-    owner = controller_of(deployment)
-    if owner is None:
-        return
-    name, uid = owner
-    namespace = deployment["metadata"]["namespace"]
-    body = await ctx.api.get(INFERENCESERVICES, namespace, name)
-    if (
-        body is None
-        or body["metadata"].get("uid") != uid
-        or body["metadata"].get("deletionTimestamp")
-    ):
-        return  # the owner is gone or going: garbage collection takes care of the rest
-    current = None if event_type == "DELETED" else deployment
-    try:
-        isvc = read_spec(body, ctx.settings)
-    except SpecError as error:
-        failure = (c.REASON_INVALID_SPEC, str(error))
-        status = status_with(body, current, ctx, generation=_generation(body), failure=failure)
-    else:
-        if current is None:
-            logger.info(f"Deployment {namespace}/{name} was deleted; recreating it.")
-            status = await converge(body, isvc, ctx, logger)
-        else:
-            status = status_with(
-                body,
-                current,
-                ctx,
-                generation=(body.get("status") or {}).get("observedGeneration"),
-                default_replicas=isvc.min_serving_replicas,
-                served_model_name=isvc.model.served_name,
+    async def _run(self, key: Key) -> None:
+        where = f"{key[0]}/{key[1]}"
+        try:
+            outcome = await reconcile(
+                key,
+                self.ctx,
+                seen=lambda generation: self._generations.__setitem__(key, generation),
             )
-    if status_changed(body.get("status") or {}, status):
-        await ctx.api.patch_status(INFERENCESERVICES, namespace, name, status)
+        except StatusConflict:
+            logger.info(f"[{where}] changed while reconciling; again")
+            self.queue.add_rate_limited(key)
+            return
+        except ApiError as error:
+            delay = self.queue.add_rate_limited(key)
+            logger.warning(f"[{where}] Kubernetes API: {error}; retrying in {delay:.1f}s")
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            delay = self.queue.add_rate_limited(key)
+            logger.exception(f"[{where}] reconcile failed; retrying in {delay:.1f}s")
+            return
+        if outcome.gone:
+            self.queue.discard(key)
+            self._generations.pop(key, None)
+        elif outcome.retry:
+            delay = self.queue.add_rate_limited(key)
+            logger.info(f"[{where}] not converged; retrying in {delay:.1f}s")
+        else:
+            self.queue.forget(key)
+            resync = self.ctx.settings.resync_seconds
+            self.queue.add_after(key, resync * random.uniform(1 - RESYNC_JITTER, 1))

@@ -1,15 +1,15 @@
-"""Kopf handlers: thin wrappers that read the object, call the controller, report.
+"""Kopf wiring: login, the controller's lifetime, and watch events turned into queue keys.
 
-Progress storage: annotations (`sluice.dev/<handler>` and
-`sluice.dev/last-handled-configuration`), not status. The status is a user-facing API
-with a strict schema (phase, conditions, counts) and is also written from Deployment
-events outside Kopf's handler cycle; keeping Kopf's bookkeeping out of it keeps
-`kubectl get -o yaml` clean, needs no `x-kubernetes-preserve-unknown-fields` hole in the
-status schema, and survives tools that rewrite status.
+Kopf watches; the controller (controller.py) reconciles. Every handler here only names
+the InferenceService an event concerns and queues it, so a spec change, a deleted or
+edited child, a pod that starts crash-looping and the periodic resync all run the same
+reconcile, retried with back-off. The children and pods are watched through a server-side
+label selector (`app.kubernetes.io/managed-by=sluice-operator`), so the operator does
+not stream every pod of the cluster.
 
-Retry semantics: an invalid spec is reported (status `Failed`, a `InvalidSpec` Warning
-Event) and raised as `kopf.PermanentError`, so it is not retried until the spec changes;
-API trouble is a `kopf.TemporaryError` retried after `retry_delay_seconds`.
+Kopf keeps no state on the InferenceService: no finalizer (deleting one never waits for
+the operator; garbage collection removes the children), no progress annotations (no
+change/create/update handlers), and the status is written by the reconcile alone.
 
 High availability: run one replica with `--standalone` (the default), or several with
 Kopf peering — see operator/README.md.
@@ -24,26 +24,32 @@ import kopf
 
 from . import constants as c
 from .auth import login
-from .controller import Context, converge, failed_status, on_deployment_event, read_spec
+from .children import controller_of
+from .controller import Controller
 from .kube import KubeApi
-from .reconcile import ReconcileError
+from .reconcile import Context
 from .settings import Settings
-from .validation import SpecError
 
 ISVC = (c.GROUP, c.VERSION, c.PLURAL)
-OWNED_DEPLOYMENTS = {c.LABEL_MANAGED_BY: c.MANAGER_LABEL_VALUE}
+MANAGED = {c.LABEL_MANAGED_BY: c.MANAGER_LABEL_VALUE}
+MANAGED_SELECTOR = f"{c.LABEL_MANAGED_BY}={c.MANAGER_LABEL_VALUE}"
+# every kind the operator creates, and the pods (their status goes into Degraded)
+CHILD_KINDS = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("monitoring.coreos.com", "v1", "podmonitors"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
+)
+PODS = ("", "v1", "pods")
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings) -> None:
-    prefix = c.ANNOTATION_PREFIX
-    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
-    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=prefix, key="last-handled-configuration"
-    )
-    kopf_settings.persistence.finalizer = f"{prefix}/finalizer"
-    # Events on the InferenceService are posted explicitly (Created, Deleted, InvalidSpec,
-    # ApplyFailed, NameConflict), not from every log line.
+    # Events are posted by the reconcile (Created, Deleted, condition transitions).
     kopf_settings.posting.loggers = False
+    for kind in (*CHILD_KINDS, PODS):
+        kopf_settings.watching.label_selectors[kind] = MANAGED_SELECTOR
 
 
 @kopf.on.startup()
@@ -52,49 +58,55 @@ async def startup(
 ) -> None:
     ours = memo.get("settings") or Settings.from_env(os.environ)
     memo["settings"] = ours
-    memo["context"] = Context(settings=ours, api=KubeApi(timeout=ours.api_timeout_seconds))
+    api = KubeApi(timeout=ours.api_timeout_seconds)
+    memo["api"] = api
+    memo["controller"] = Controller(Context(settings=ours, api=api))
     configure_kopf(settings)
     logger.info(
-        f"Sluice operator starting: default image {ours.default_image}, pod monitors {ours.pod_monitors}."
+        f"Sluice operator starting: default image {ours.default_image}, pod monitors"
+        f" {ours.pod_monitors}, resync every {ours.resync_seconds:g}s, {ours.workers} workers."
     )
-
-
-@kopf.on.cleanup()
-async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    context: Context | None = memo.get("context")
-    if context is not None:
-        await context.api.close()
 
 
 @kopf.on.login()
 async def authenticate(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo:
     info = login(memo=memo, **kwargs)
-    memo["context"].api.use(info)
+    memo["api"].use(info)
+    controller: Controller = memo["controller"]
+    if not controller.running:
+        controller.start()  # workers need credentials: start them with the first login
     return info
 
 
-@kopf.on.resume(*ISVC)
-@kopf.on.create(*ISVC)
-@kopf.on.update(*ISVC)
-async def reconcile(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: kopf.Logger, **_: Any
-) -> None:
-    ctx: Context = memo["context"]
-    try:
-        isvc = read_spec(body, ctx.settings)
-    except SpecError as error:
-        patch.status.update(await failed_status(body, c.REASON_INVALID_SPEC, str(error), ctx))
-        kopf.warn(body, reason=c.REASON_INVALID_SPEC, message=str(error))
-        raise kopf.PermanentError(f"Invalid spec: {error}") from error
-    try:
-        patch.status.update(await converge(body, isvc, ctx, logger))
-    except ReconcileError as error:
-        patch.status.update(await failed_status(body, error.reason, str(error), ctx))
-        raise
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    controller: Controller | None = memo.get("controller")
+    if controller is not None:
+        await controller.stop()
+    api: KubeApi | None = memo.get("api")
+    if api is not None:
+        await api.close()
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=OWNED_DEPLOYMENTS)
-async def deployment_changed(
-    type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+@kopf.on.event(*ISVC)
+async def inferenceservice_event(
+    type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
-    await on_deployment_event(type, body, memo["context"], logger)
+    memo["controller"].on_inferenceservice_event(type, body)
+
+
+async def child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    owner = controller_of(body)
+    if owner is not None:
+        memo["controller"].enqueue((body["metadata"]["namespace"], owner[0]))
+
+
+async def pod_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    instance = (body.get("metadata") or {}).get("labels", {}).get(c.LABEL_INSTANCE)
+    if instance:
+        memo["controller"].enqueue((body["metadata"]["namespace"], instance))
+
+
+for _kind in CHILD_KINDS:
+    kopf.on.event(*_kind, labels=MANAGED, id=f"{_kind[2]}-event")(child_event)
+kopf.on.event(*PODS, labels=MANAGED, id="pods-event")(pod_event)

@@ -7,8 +7,10 @@ dependency on the `kubernetes` package.
 
 Writes are server-side apply (`application/apply-patch+yaml`, field manager
 `sluice-operator`, force): the object we send is the whole desired state, and fields we
-stopped sending are removed, without read-modify-write races. Every call made here is
-listed in `rbac.REQUIRED_PERMISSIONS`.
+stopped sending are released (removed unless another manager owns them), without
+read-modify-write races. The status is a merge patch with the resourceVersion it was
+computed from (409 if the object moved on). Every call made here is listed in
+`rbac.REQUIRED_PERMISSIONS`.
 """
 
 from __future__ import annotations
@@ -54,7 +56,11 @@ SERVICES = Resource("", "v1", "services", "Service")
 HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 PODMONITORS = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
-CHILD_RESOURCES = (DEPLOYMENTS, SERVICES, HPAS, PDBS, PODMONITORS)
+NETWORKPOLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet")
+PODS = Resource("", "v1", "pods", "Pod")
+EVENTS = Resource("", "v1", "events", "Event")
+CHILD_RESOURCES = (DEPLOYMENTS, SERVICES, HPAS, PDBS, PODMONITORS, NETWORKPOLICIES)
 
 
 def resource_of(obj: Mapping[str, Any]) -> Resource:
@@ -113,25 +119,75 @@ class KubeApi:
                 return None
             raise
 
-    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply the whole desired object; returns the object as stored."""
+    async def list(
+        self, resource: Resource, namespace: str, label_selector: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """Objects whose labels include all of `label_selector`."""
+        selector = ",".join(f"{key}={value}" for key, value in sorted(label_selector.items()))
+        listing = await self._request(
+            "GET", resource.path(namespace), params={"labelSelector": selector}
+        )
+        items: list[dict[str, Any]] = listing.get("items") or []
+        return items
+
+    async def apply(
+        self,
+        obj: Mapping[str, Any],
+        *,
+        manager: str = c.FIELD_MANAGER,
+        force: bool = True,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Server-side apply `obj` as `manager`; returns the object as stored (with
+        `dry_run`, as it would be stored: defaulted, nothing changed). Without `force`, a
+        field another manager owns with another value is a 409 Conflict."""
         meta = obj["metadata"]
+        params = {"fieldManager": manager, "force": "true" if force else "false"}
+        if dry_run:
+            params["dryRun"] = "All"
         return await self._request(
             "PATCH",
             resource_of(obj).path(meta["namespace"], meta["name"]),
-            params={"fieldManager": c.FIELD_MANAGER, "force": "true"},
+            params=params,
             body=json.dumps(obj),
             content_type="application/apply-patch+yaml",
         )
 
     async def patch_status(
-        self, resource: Resource, namespace: str, name: str, status: Mapping[str, Any]
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str,
     ) -> dict[str, Any]:
+        """Merge-patch the status, only if the object is still at `resource_version`."""
         return await self._request(
             "PATCH",
             resource.path(namespace, name, "status"),
-            body=json.dumps({"status": status}),
+            params={"fieldManager": c.FIELD_MANAGER},
+            body=json.dumps({"metadata": {"resourceVersion": resource_version}, "status": status}),
             content_type="application/merge-patch+json",
+        )
+
+    async def scale(self, resource: Resource, namespace: str, name: str, replicas: int) -> None:
+        """Set spec.replicas through the scale subresource (what `kubectl scale` does)."""
+        await self._request(
+            "PATCH",
+            resource.path(namespace, name, "scale"),
+            params={"fieldManager": c.FIELD_MANAGER},
+            body=json.dumps({"spec": {"replicas": replicas}}),
+            content_type="application/merge-patch+json",
+        )
+
+    async def create(self, resource: Resource, namespace: str, obj: Mapping[str, Any]) -> None:
+        await self._request(
+            "POST",
+            resource.path(namespace),
+            params={"fieldManager": c.FIELD_MANAGER},
+            body=json.dumps(obj),
+            content_type="application/json",
         )
 
     async def delete(self, resource: Resource, namespace: str, name: str, *, uid: str) -> bool:

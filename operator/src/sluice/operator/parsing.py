@@ -15,6 +15,13 @@ from typing import Any
 from sluice.runtime import constants as rc
 
 from . import constants as c
+from .pod_fields import (
+    RESERVED_ENV,
+    read_env,
+    read_network_policy,
+    read_pod_options,
+    read_scheduling,
+)
 from .sources import read_model, read_secret_ref
 from .spec import (
     Autoscaling,
@@ -24,11 +31,14 @@ from .spec import (
     RuntimeOptions,
     ScalingPolicy,
     ScalingRules,
-    Scheduling,
 )
-from .validation import DNS1035_LABEL, DNS1123_SUBDOMAIN, ENV_NAME, LABEL_VALUE, Reader, SpecError
+from .validation import (
+    DNS1035_LABEL,
+    Reader,
+    SpecError,
+)
 
-__all__ = ["MANAGED_FLAGS", "RESERVED_ENV", "SpecError", "parse_spec"]
+__all__ = ["MANAGED_FLAGS", "RESERVED_ENV", "SpecError", "abbreviates", "parse_spec"]
 
 GPU_RESOURCE = re.compile(
     r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -52,10 +62,9 @@ MANAGED_FLAGS = (
     rc.FLAG_MEM_FRACTION_STATIC,
     rc.FLAG_ATTENTION_BACKEND,
     rc.FLAG_DTYPE,
+    rc.FLAG_STARTUP_TIMEOUT,
+    rc.FLAG_DRAIN_TIMEOUT,
 )
-# environment variables the operator sets itself; spec.env may not repeat them
-RESERVED_ENV = (c.ENV_HF_TOKEN, c.ENV_HF_HOME, c.ENV_XDG_CACHE_HOME, rc.ENV_API_KEY)
-
 SPEC_FIELDS = (
     "model",
     "image",
@@ -67,6 +76,10 @@ SPEC_FIELDS = (
     "env",
     "startupTimeoutSeconds",
     "terminationGracePeriodSeconds",
+    "serviceAccountName",
+    "imagePullSecrets",
+    "podMetadata",
+    "networkPolicy",
 )
 RUNTIME_FIELDS = (
     "tensorParallelSize",
@@ -81,8 +94,6 @@ RUNTIME_FIELDS = (
     "apiKeySecretRef",
     "extraArgs",
 )
-TOLERATION_OPERATORS = ("Exists", "Equal")
-TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 POLICY_TYPES = ("Pods", "Percent")
 SELECT_POLICIES = ("Max", "Min", "Disabled")
 
@@ -114,8 +125,10 @@ def parse_spec(
     resources = _resources(r, spec)
     runtime = _runtime(r, spec, resources)
     autoscaling = _autoscaling(r, spec)
-    scheduling = _scheduling(r, spec)
-    env = _env(r, spec)
+    scheduling = read_scheduling(r, spec)
+    env = read_env(r, spec)
+    pod = read_pod_options(r, spec)
+    network_policy = read_network_policy(r, spec)
     startup = r.integer(
         spec,
         "startupTimeoutSeconds",
@@ -129,7 +142,7 @@ def parse_spec(
         "terminationGracePeriodSeconds",
         "spec.terminationGracePeriodSeconds",
         default=c.DEFAULT_TERMINATION_GRACE_SECONDS,
-        minimum=c.PRESTOP_SLEEP_SECONDS + 5,
+        minimum=c.MIN_TERMINATION_GRACE_SECONDS,
         maximum=3600,
     )
     r.raise_if_invalid()
@@ -148,12 +161,14 @@ def parse_spec(
         env=env,
         startup_timeout_seconds=startup,
         termination_grace_period_seconds=grace,
+        pod=pod,
+        network_policy=network_policy,
     )
 
 
 def _resources(r: Reader, spec: Mapping[str, Any]) -> Resources:
     res = r.mapping(spec, "resources", "spec.resources")
-    r.known(res, ("gpus", "gpuResource", "cpu", "memory"), "spec.resources")
+    r.known(res, ("gpus", "gpuResource", "cpu", "memory", "shmSize"), "spec.resources")
     gpus = r.integer(res, "gpus", "spec.resources.gpus", default=0, minimum=0, maximum=c.MAX_GPUS)
     gpu_resource = r.string(
         res,
@@ -168,6 +183,7 @@ def _resources(r: Reader, spec: Mapping[str, Any]) -> Resources:
         gpu_resource=gpu_resource or c.DEFAULT_GPU_RESOURCE,
         cpu=r.quantity(res, "cpu", "spec.resources.cpu"),
         memory=r.quantity(res, "memory", "spec.resources.memory"),
+        shm_size=r.quantity(res, "shmSize", "spec.resources.shmSize"),
     )
 
 
@@ -175,22 +191,26 @@ def _runtime(r: Reader, spec: Mapping[str, Any], resources: Resources) -> Runtim
     rt = r.mapping(spec, "runtime", "spec.runtime")
     p = "spec.runtime"
     r.known(rt, RUNTIME_FIELDS, p)
+    # one replica is one model instance: its GPUs are its tensor-parallel ranks
     tp = (
         r.integer(
             rt,
             "tensorParallelSize",
             f"{p}.tensorParallelSize",
-            default=c.DEFAULT_TENSOR_PARALLEL_SIZE,
+            default=resources.gpus or c.DEFAULT_TENSOR_PARALLEL_SIZE,
             minimum=1,
             maximum=c.MAX_TENSOR_PARALLEL_SIZE,
         )
         or c.DEFAULT_TENSOR_PARALLEL_SIZE
     )
-    if resources.gpus > 0 and resources.gpus % tp != 0:
+    if resources.gpus > 0 and resources.gpus != tp:
         r.fail(
             f"{p}.tensorParallelSize",
-            f"{tp} does not divide spec.resources.gpus ({resources.gpus})",
+            f"{tp} must equal spec.resources.gpus ({resources.gpus}): each replica runs one"
+            " model sharded over its GPUs",
         )
+    if resources.shm_size and tp == 1:
+        r.fail("spec.resources.shmSize", "is only used with tensorParallelSize > 1")
     backend = r.string(
         rt, "attentionBackend", f"{p}.attentionBackend", choices=rc.ATTENTION_BACKENDS
     )
@@ -198,9 +218,11 @@ def _runtime(r: Reader, spec: Mapping[str, Any], resources: Resources) -> Runtim
         r.fail(f"{p}.attentionBackend", "flashinfer needs spec.resources.gpus > 0")
     extra = r.strings(rt, "extraArgs", f"{p}.extraArgs", max_items=c.MAX_EXTRA_ARGS, max_length=256)
     for index, arg in enumerate(extra):
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
-            r.fail(f"{p}.extraArgs[{index}]", f"{flag} is set by the operator from its own field")
+        managed = abbreviates(arg)
+        if managed is not None:
+            flag = arg.split("=", 1)[0]
+            what = managed if flag == managed else f"{flag} (read as {managed})"
+            r.fail(f"{p}.extraArgs[{index}]", f"{what} is set by the operator from its own field")
     return RuntimeOptions(
         tensor_parallel_size=tp,
         page_size=r.integer(rt, "pageSize", f"{p}.pageSize", minimum=1, maximum=4096),
@@ -228,6 +250,15 @@ def _runtime(r: Reader, spec: Mapping[str, Any], resources: Resources) -> Runtim
         ),
         extra_args=tuple(extra),
     )
+
+
+def abbreviates(arg: str) -> str | None:
+    """The managed flag `arg` would set if argparse read it with abbreviations allowed
+    (`--por=1` is `--port=1`; `--` alone ends the options), or None."""
+    flag = arg.split("=", 1)[0]
+    if not flag.startswith("--"):
+        return None
+    return next((managed for managed in MANAGED_FLAGS if managed.startswith(flag)), None)
 
 
 def _autoscaling(r: Reader, spec: Mapping[str, Any]) -> Autoscaling:
@@ -317,68 +348,3 @@ def _scaling_rules(
         select_policy=r.string(rules, "selectPolicy", f"{p}.selectPolicy", choices=SELECT_POLICIES),
         policies=tuple(policies),
     )
-
-
-def _scheduling(r: Reader, spec: Mapping[str, Any]) -> Scheduling:
-    s = r.mapping(spec, "scheduling", "spec.scheduling")
-    p = "spec.scheduling"
-    r.known(
-        s, ("nodeSelector", "tolerations", "affinity", "priorityClassName", "runtimeClassName"), p
-    )
-    node_selector = r.string_map(s, "nodeSelector", f"{p}.nodeSelector")
-    for key, value in node_selector.items():
-        if len(value) > 63 or not LABEL_VALUE.match(value):
-            r.fail(f"{p}.nodeSelector.{key}", f"{value!r} is not a valid label value")
-    tolerations = r.objects(s, "tolerations", f"{p}.tolerations", max_items=64)
-    for index, tol in enumerate(tolerations):
-        path = f"{p}.tolerations[{index}]"
-        op = r.string(tol, "operator", f"{path}.operator", choices=TOLERATION_OPERATORS)
-        r.string(tol, "effect", f"{path}.effect", choices=TOLERATION_EFFECTS)
-        r.string(tol, "key", f"{path}.key", max_length=316)
-        r.integer(tol, "tolerationSeconds", f"{path}.tolerationSeconds")
-        if op == "Exists" and tol.get("value"):
-            r.fail(f"{path}.value", "must be empty when operator is Exists")
-        r.known(tol, ("key", "operator", "value", "effect", "tolerationSeconds"), path)
-    affinity = r.mapping(s, "affinity", f"{p}.affinity") if s.get("affinity") is not None else None
-    return Scheduling(
-        node_selector=node_selector,
-        tolerations=tuple(tolerations),
-        affinity=affinity,
-        priority_class_name=r.string(
-            s,
-            "priorityClassName",
-            f"{p}.priorityClassName",
-            pattern=DNS1123_SUBDOMAIN,
-            max_length=253,
-        ),
-        runtime_class_name=r.string(
-            s,
-            "runtimeClassName",
-            f"{p}.runtimeClassName",
-            pattern=DNS1123_SUBDOMAIN,
-            max_length=253,
-        ),
-    )
-
-
-def _env(r: Reader, spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
-    items = r.objects(spec, "env", "spec.env", max_items=128)
-    names: set[str] = set()
-    for index, item in enumerate(items):
-        path = f"spec.env[{index}]"
-        name = r.string(
-            item, "name", f"{path}.name", required=True, pattern=ENV_NAME, max_length=256
-        )
-        if name in RESERVED_ENV:
-            r.fail(f"{path}.name", f"{name} is set by the operator")
-        if name in names:
-            r.fail(f"{path}.name", f"{name} is listed twice")
-        names.add(name or "")
-        if "value" in item and "valueFrom" in item:
-            r.fail(path, "set value or valueFrom, not both")
-        if "value" in item and not isinstance(item["value"], str):
-            r.fail(f"{path}.value", "must be a string")
-        if "valueFrom" in item:
-            r.mapping(item, "valueFrom", f"{path}.valueFrom")
-        r.known(item, ("name", "value", "valueFrom"), path)
-    return tuple(items)

@@ -1,122 +1,317 @@
-"""One reconciliation: desired children → applied, unwanted children → deleted.
+"""One reconcile of one InferenceService: read it, converge its children, write its status.
 
-`plan` is pure (spec in, objects out). `apply_plan` does the API calls: it refuses to take
-over an object of the same name that this InferenceService does not own, applies the
-wanted children with server-side apply, and deletes the optional children it owns but no
-longer wants (HPA when autoscaling is turned off, PDB when one replica remains, PodMonitor
-when monitoring is turned off). API errors become Kopf's retry semantics: transient ones
-a `kopf.TemporaryError` with a delay, others a `ReconcileError` (a `kopf.PermanentError`
-with a reason for the status).
+Every trigger runs this same function (controller.py queues it): a spec change, a change
+or deletion of any child, a pod's change, the periodic resync, a retry. It reads
+everything fresh, so it is idempotent and order-free: running it twice changes nothing the
+second time (server-side apply of an unchanged object is a no-op; an unchanged status is
+not written; Events are posted for transitions only).
+
+Steps: the object (gone: stop) → its spec (invalid: status Failed, wait for a change) →
+the children that exist (someone else's, or a deleted predecessor's awaiting garbage
+collection: status, retry with back-off) → who owns the Deployment's replica count
+(replicas.py) → apply and delete children (a rejected object: status Failed, retried at
+the next resync; a transient API error propagates: back-off) → the current ReplicaSet and
+its pods → the status, written once, only if the object has not changed since it was read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 import kopf
 
-from .builders import build_deployment, build_hpa, build_pdb, build_podmonitor, build_service
-from .kube import DEPLOYMENTS, HPAS, PDBS, PODMONITORS, ApiError, KubeApi, Resource, resource_of
+from . import constants as c
+from .children import (
+    Applied,
+    Blocked,
+    Plan,
+    apply_children,
+    check_ownership,
+    deployment_of,
+    owned_by,
+    plan,
+    read_children,
+)
+from .events import post_event
+from .kube import DEPLOYMENTS, HPAS, INFERENCESERVICES, PODMONITORS, ApiError, KubeApi
+from .observe import read_pods
+from .parsing import parse_spec
+from .replicas import decide, handover_object
+from .settings import Settings
 from .spec import InferenceServiceSpec
+from .status import Failure, Observed, compute_status, status_changed, transition_events
+from .validation import SpecError
+
+logger = logging.getLogger("sluice.operator")
+Clock = Callable[[], str]
 
 
-class ReconcileError(kopf.PermanentError):
-    """A failure that retrying will not fix; `reason` goes into the Ready condition."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Children to apply (in order) and optional child kinds that must not exist."""
+class Context:
+    """What a reconcile needs besides the key: configuration, API access, a clock."""
 
-    apply: tuple[dict[str, Any], ...]
-    remove: tuple[Resource, ...]
+    settings: Settings
+    api: KubeApi
+    clock: Clock = utc_now
 
 
-def plan(isvc: InferenceServiceSpec, *, podmonitors: bool | None) -> Plan:
-    """`podmonitors`: True to create one, False to remove ours, None to leave it alone
-    (the PodMonitor API is not served, so there is nothing to create or delete)."""
-    wanted: list[dict[str, Any]] = [build_deployment(isvc), build_service(isvc)]
-    unwanted: list[Resource] = []
-    for enabled, builder, resource in (
-        (isvc.autoscaling.enabled, build_hpa, HPAS),
-        (isvc.wants_pdb, build_pdb, PDBS),
-        (podmonitors, build_podmonitor, PODMONITORS),
+@dataclass(frozen=True)
+class Outcome:
+    """`retry`: back off and run again; `gone`: the object no longer exists."""
+
+    retry: bool = False
+    gone: bool = False
+
+
+DONE, RETRY, GONE = Outcome(), Outcome(retry=True), Outcome(gone=True)
+
+
+class StatusConflict(Exception):
+    """The object changed between reading it and writing its status."""
+
+
+def default_image(body: Mapping[str, Any], settings: Settings) -> str:
+    """The image for a spec without `spec.image`: the one recorded in the status while the
+    spec is unchanged since (an operator upgrade does not roll the fleet), otherwise the
+    operator's default. (`reconcile` still moves to the default when the pods must change
+    anyway: see `_keeps_pods`.)"""
+    status = body.get("status") or {}
+    generation = (body.get("metadata") or {}).get("generation")
+    if (
+        not settings.roll_on_upgrade
+        and status.get("image")
+        and status.get("observedGeneration") == generation
     ):
-        if enabled:
-            wanted.append(builder(isvc))
-        elif enabled is not None:
-            unwanted.append(resource)
-    return Plan(apply=tuple(wanted), remove=tuple(unwanted))
+        return str(status["image"])
+    return settings.default_image
 
 
-def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return any(ref.get("uid") == owner_uid and ref.get("controller") for ref in refs)
+def read_spec(body: Mapping[str, Any], settings: Settings) -> InferenceServiceSpec:
+    """Parse the body's spec; raises SpecError."""
+    meta = body.get("metadata") or {}
+    spec = copy.deepcopy(dict(body.get("spec") or {}))
+    image = default_image(body, settings)
+    return parse_spec(meta["name"], meta["namespace"], spec, default_image=image)
 
 
-async def apply_plan(
-    api: KubeApi,
-    the_plan: Plan,
-    *,
-    owner: Mapping[str, Any],
-    namespace: str,
-    name: str,
-    retry_delay: float,
-    logger: kopf.Logger,
-) -> dict[str, Any]:
-    """Apply the plan; return the Deployment as stored (for the status)."""
-    children = [dict(child) for child in the_plan.apply]
-    kopf.adopt(children, owner=owner)  # type: ignore[arg-type]
-    owner_uid = owner["metadata"]["uid"]
-    applied: dict[str, dict[str, Any]] = {}
+async def reconcile(
+    key: tuple[str, str], ctx: Context, seen: Callable[[int], None] | None = None
+) -> Outcome:
+    """`seen(generation)` is told which generation this run converges, as soon as it is read."""
+    namespace, name = key
+    body = await ctx.api.get(INFERENCESERVICES, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return GONE  # garbage collection removes the children
+    if seen is not None:
+        seen(body["metadata"].get("generation", 0))
     try:
-        existing = {}
-        for child in children:  # check every name before changing anything
-            resource = resource_of(child)
-            existing[resource.kind] = current = await api.get(resource, namespace, name)
-            if current is not None and not owned_by(current, owner_uid):
-                message = (
-                    f"{resource.kind} {namespace}/{name} exists and is not owned by this"
-                    " InferenceService; delete or rename it"
-                )
-                kopf.warn(owner, reason="NameConflict", message=message)  # type: ignore[arg-type]
-                raise ReconcileError("NameConflict", message)
-        for child in children:
-            resource = resource_of(child)
-            applied[resource.kind] = await api.apply(child)
-            if existing[resource.kind] is None:
-                _report(owner, logger, "Created", f"Created {resource.kind} {namespace}/{name}.")
-        for resource in the_plan.remove:
-            current = await api.get(resource, namespace, name)
-            if current is not None and owned_by(current, owner_uid):
-                uid = current["metadata"]["uid"]
-                if await api.delete(resource, namespace, name, uid=uid):
-                    _report(
-                        owner,
-                        logger,
-                        "Deleted",
-                        f"Deleted {resource.kind} {namespace}/{name}: no longer wanted.",
-                    )
+        isvc = read_spec(body, ctx.settings)
+    except SpecError as error:
+        deployment = await _owned(ctx.api, body)
+        failure = Failure(c.REASON_INVALID_SPEC, str(error))
+        return await _report(ctx, body, failed_observation(body, deployment, failure=failure), DONE)
+
+    podmonitors = await _podmonitors_wanted(ctx)
+    probe = plan(isvc, podmonitors=podmonitors)
+    existing = await read_children(ctx.api, probe, namespace, name)
+    try:
+        check_ownership(probe, existing, body)
+    except Blocked as blocked:
+        phase = c.PHASE_PENDING if blocked.reason == c.REASON_WAITING_FOR_GC else c.PHASE_FAILED
+        failure = Failure(blocked.reason, str(blocked), phase)
+        deployment = existing.get(DEPLOYMENTS.kind)
+        if deployment is not None and not owned_by(deployment, body["metadata"]["uid"]):
+            deployment = None
+        return await _report(
+            ctx, body, failed_observation(body, deployment, failure=failure), RETRY
+        )
+
+    hpa = existing.get(HPAS.kind)
+    decision = decide(
+        isvc,
+        existing.get(DEPLOYMENTS.kind),
+        hpa_exists=hpa is not None and owned_by(hpa, body["metadata"]["uid"]),
+    )
+    if decision.copy_to_spec is not None:
+        logger.info(
+            f"[{namespace}/{name}] autoscaling is off: keeping the autoscaler's"
+            f" {decision.copy_to_spec} replicas (spec.replicas {isvc.replicas} →"
+            f" {decision.copy_to_spec})"
+        )
+        await ctx.api.scale(INFERENCESERVICES, namespace, name, decision.copy_to_spec)
+        isvc = dataclasses.replace(isvc, replicas=decision.copy_to_spec)
+        body = await ctx.api.get(INFERENCESERVICES, namespace, name) or body
+    if decision.handover is not None:
+        await _hand_over(ctx.api, namespace, name, decision.handover)
+
+    wanted = plan(
+        isvc,
+        podmonitors=podmonitors,
+        replicas=decision.deployment_replicas,
+        run_as_user=ctx.settings.run_as_user,
+    )
+    current = existing.get(DEPLOYMENTS.kind)
+    if isvc.image != ctx.settings.default_image and not (body.get("spec") or {}).get("image"):
+        if current is None or not await _keeps_pods(ctx.api, wanted, current, body):
+            # the pods are (re)made anyway: make them with the current default image
+            isvc = dataclasses.replace(isvc, image=ctx.settings.default_image)
+            wanted = plan(
+                isvc,
+                podmonitors=podmonitors,
+                replicas=decision.deployment_replicas,
+                run_as_user=ctx.settings.run_as_user,
+            )
+    try:
+        applied = await apply_children(ctx.api, wanted, existing, owner=body)
     except ApiError as error:
-        failure = as_kopf_error(error, retry_delay)
-        if isinstance(failure, ReconcileError):
-            kopf.warn(owner, reason=failure.reason, message=str(failure))  # type: ignore[arg-type]
-        raise failure from error
-    return applied[DEPLOYMENTS.kind]
+        if error.transient:
+            raise
+        failure = Failure(c.REASON_APPLY_FAILED, f"Kubernetes API rejected a child object: {error}")
+        deployment = existing.get(DEPLOYMENTS.kind)
+        return await _report(ctx, body, failed_observation(body, deployment, failure=failure), DONE)
+    if decision.release_handover:
+        await _hand_over(ctx.api, namespace, name, None)
+    await _announce(ctx, body, applied)
+
+    deployment = deployment_of(applied)
+    replica_set, pods = await read_pods(ctx.api, deployment, name)
+    observed = Observed(
+        name=name,
+        namespace=namespace,
+        generation=body["metadata"].get("generation"),
+        deployment=deployment,
+        replica_set=replica_set,
+        pods=pods,
+        hpa=applied.objects.get(HPAS.kind),
+        autoscaling=isvc.autoscaling.enabled,
+        min_replicas=isvc.autoscaling.min_replicas,
+        default_replicas=isvc.replicas,
+        served_model_name=isvc.model.served_name,
+        image=isvc.image,
+    )
+    return await _report(ctx, body, observed, DONE)
 
 
-def _report(owner: Mapping[str, Any], logger: kopf.Logger, reason: str, message: str) -> None:
-    logger.info(message)
-    kopf.info(owner, reason=reason, message=message)  # type: ignore[arg-type]
+def failed_observation(
+    body: Mapping[str, Any], deployment: Mapping[str, Any] | None, *, failure: Failure
+) -> Observed:
+    """The status input when the spec was not applied: the last good children keep serving."""
+    meta = body["metadata"]
+    previous = body.get("status") or {}
+    return Observed(
+        name=meta["name"],
+        namespace=meta["namespace"],
+        generation=meta.get("generation"),
+        deployment=deployment,
+        served_model_name=previous.get("servedModelName"),
+        failure=failure,
+    )
 
 
-def as_kopf_error(error: ApiError, retry_delay: float) -> Exception:
-    if error.transient:
-        return kopf.TemporaryError(f"Kubernetes API: {error}", delay=retry_delay)
-    return ReconcileError("ApplyFailed", f"Kubernetes API rejected a child object: {error}")
+async def _owned(api: KubeApi, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    meta = body["metadata"]
+    deployment = await api.get(DEPLOYMENTS, meta["namespace"], meta["name"])
+    if deployment is None or not owned_by(deployment, meta["uid"]):
+        return None
+    return deployment
+
+
+async def _keeps_pods(
+    api: KubeApi, wanted: Plan, current: Mapping[str, Any], owner: Mapping[str, Any]
+) -> bool:
+    """Whether applying the planned Deployment leaves its pod template as it is (a dry
+    run: the API server answers with the object as it would store it, defaults and all,
+    so it compares like for like with the stored one)."""
+    [deployment] = [dict(child) for child in wanted.apply if child["kind"] == DEPLOYMENTS.kind]
+    kopf.adopt(deployment, owner=owner)  # type: ignore[arg-type]
+    would_be = await api.apply(deployment, dry_run=True)
+    template: Any = (would_be.get("spec") or {}).get("template")
+    return bool(template == (current.get("spec") or {}).get("template"))
+
+
+async def _podmonitors_wanted(ctx: Context) -> bool | None:
+    if not await ctx.api.serves(PODMONITORS):
+        return None
+    return ctx.settings.pod_monitors == "auto"
+
+
+async def _hand_over(api: KubeApi, namespace: str, name: str, replicas: int | None) -> None:
+    """Co-own spec.replicas under the hand-over manager (None: release it); a conflict
+    means the HPA has already taken the field, which is what the hand-over waits for."""
+    try:
+        await api.apply(
+            handover_object(name, namespace, replicas),
+            manager=c.HANDOVER_FIELD_MANAGER,
+            force=False,
+        )
+    except ApiError as error:
+        if error.status != 409:
+            raise
+
+
+async def _announce(ctx: Context, body: Mapping[str, Any], applied: Applied) -> None:
+    meta = body["metadata"]
+    where = f"{meta['namespace']}/{meta['name']}"
+    for reason, kinds, why in (
+        ("Created", applied.created, ""),
+        ("Deleted", applied.deleted, ": no longer wanted"),
+    ):
+        for kind in kinds:
+            message = f"{reason} {kind} {where}{why}."
+            logger.info(message)
+            await post_event(ctx.api, body, "Normal", reason, message, ctx.clock())
+
+
+async def _report(
+    ctx: Context, body: Mapping[str, Any], observed: Observed, outcome: Outcome
+) -> Outcome:
+    """Write the status if it changed (only over the version read), then post the Events
+    of its transitions."""
+    if observed.deployment is not None and observed.failure is not None:
+        replica_set, pods = await read_pods(ctx.api, observed.deployment, observed.name)
+        observed = dataclasses.replace(observed, replica_set=replica_set, pods=pods)
+    previous = body.get("status") or {}
+    status = compute_status(
+        observed, previous=previous, now=ctx.clock(), cluster_domain=ctx.settings.cluster_domain
+    )
+    if not status_changed(previous, status):
+        return outcome
+    meta = body["metadata"]
+    try:
+        await ctx.api.patch_status(
+            INFERENCESERVICES,
+            meta["namespace"],
+            meta["name"],
+            status,
+            resource_version=meta["resourceVersion"],
+        )
+    except ApiError as error:
+        if error.status == 409:
+            raise StatusConflict(str(error)) from error
+        raise
+    where = f"{meta['namespace']}/{meta['name']}"
+    if observed.failure is not None and (previous.get("phase"), _ready_reason(previous)) != (
+        status["phase"],
+        observed.failure.reason,
+    ):
+        logger.warning(f"[{where}] {observed.failure.reason}: {observed.failure.message}")
+    for event in transition_events(previous, status):
+        await post_event(ctx.api, body, event.type, event.reason, event.message, ctx.clock())
+    return outcome
+
+
+def _ready_reason(status: Mapping[str, Any]) -> str | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == c.CONDITION_READY:
+            return str(cond.get("reason"))
+    return None

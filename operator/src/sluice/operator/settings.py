@@ -15,8 +15,18 @@ handlers reads the environment: they get this object from Kopf's `memo`.
 | SLUICE_PEERING                  | (empty: standalone)      | Kopf peering object name, for HA             |
 | SLUICE_PRIORITY                 | 0                        | this replica's peering priority              |
 | SLUICE_LIVENESS_ENDPOINT        | (empty: off)             | e.g. http://0.0.0.0:8080/healthz             |
-| SLUICE_RETRY_DELAY_SECONDS      | 10                       | back-off after a transient API error         |
+| SLUICE_RETRY_DELAY_SECONDS      | 10                       | first back-off after a failed reconcile      |
+| SLUICE_RETRY_MAX_DELAY_SECONDS  | 300                      | back-off cap (it doubles per failure)        |
+| SLUICE_RESYNC_SECONDS           | 300                      | every object is reconciled at least this often|
+| SLUICE_WORKERS                  | 4                        | objects reconciled at once                   |
 | SLUICE_API_TIMEOUT_SECONDS      | 30                       | timeout of one API request                   |
+| SLUICE_RUN_AS_USER              | 1000                     | pods' uid/gid/fsGroup; `none`: the platform's|
+| SLUICE_ROLL_ON_UPGRADE          | false                    | a new default image rolls existing services  |
+
+Services without `spec.image` keep the image they were last applied with until their spec
+changes (`status.image`), so upgrading the operator (a new default image) does not roll
+the whole fleet at once; SLUICE_ROLL_ON_UPGRADE=true moves them to the new default on the
+next reconcile instead.
 """
 
 from __future__ import annotations
@@ -44,7 +54,12 @@ class Settings:
     priority: int = 0
     liveness_endpoint: str | None = None
     retry_delay_seconds: float = 10.0
+    retry_max_delay_seconds: float = 300.0
+    resync_seconds: float = 300.0
+    workers: int = 4
     api_timeout_seconds: float = 30.0
+    run_as_user: int | None = constants.RUN_AS_USER
+    roll_on_upgrade: bool = False
 
     def __post_init__(self) -> None:
         if not self.default_image or any(c.isspace() for c in self.default_image):
@@ -57,8 +72,14 @@ class Settings:
             raise ValueError(
                 f"pod monitors must be one of {POD_MONITOR_MODES}: {self.pod_monitors!r}"
             )
-        if self.retry_delay_seconds <= 0 or self.api_timeout_seconds <= 0:
-            raise ValueError("retry delay and API timeout must be positive")
+        if min(self.retry_delay_seconds, self.api_timeout_seconds, self.resync_seconds) <= 0:
+            raise ValueError("retry delay, resync period and API timeout must be positive")
+        if self.retry_max_delay_seconds < self.retry_delay_seconds:
+            raise ValueError("the maximum retry delay must not be below the retry delay")
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1: {self.workers}")
+        if self.run_as_user is not None and self.run_as_user < 1:
+            raise ValueError(f"run as user must be a non-root uid or none: {self.run_as_user}")
 
     @property
     def clusterwide(self) -> bool:
@@ -84,6 +105,8 @@ class Settings:
         changes = {key: value for key, value in vars(parsed).items() if value is not None}
         if "namespaces" in changes:
             changes["namespaces"] = tuple(changes["namespaces"])
+        if "run_as_user" in changes:
+            changes["run_as_user"] = _convert("run_as_user", changes["run_as_user"])
         return dataclasses.replace(self, **changes)
 
 
@@ -94,11 +117,13 @@ def _env_name(field: str) -> str:
 def _convert(field: str, raw: str) -> object:
     if field == "namespaces":
         return tuple(ns.strip() for ns in raw.split(",") if ns.strip())
-    if field == "verbose":
+    if field in ("verbose", "roll_on_upgrade"):
         return raw.lower() in ("1", "true", "yes", "on")
-    if field == "priority":
+    if field in ("priority", "workers"):
         return int(raw)
-    if field in ("retry_delay_seconds", "api_timeout_seconds"):
+    if field == "run_as_user":
+        return None if raw.lower() in ("none", "null", "platform") else int(raw)
+    if field.endswith("_seconds"):
         return float(raw)
     return raw
 
@@ -124,6 +149,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peering", help="Kopf peering name (HA); default: standalone")
     parser.add_argument("--priority", type=int, help="peering priority of this replica")
     parser.add_argument("--liveness-endpoint", help="e.g. http://0.0.0.0:8080/healthz")
-    parser.add_argument("--retry-delay-seconds", type=float, help="back-off after API errors")
+    parser.add_argument("--retry-delay-seconds", type=float, help="first back-off after a failure")
+    parser.add_argument("--retry-max-delay-seconds", type=float, help="back-off cap")
+    parser.add_argument("--resync-seconds", type=float, help="reconcile every object this often")
+    parser.add_argument("--workers", type=int, help="objects reconciled at once")
     parser.add_argument("--api-timeout-seconds", type=float, help="timeout of one API request")
+    parser.add_argument("--run-as-user", help="uid of the runtime pods, or 'none' (platform's)")
+    parser.add_argument(
+        "--roll-on-upgrade", action="store_true", default=None,
+        help="move services without spec.image to a new default image at once",
+    )  # fmt: skip
     return parser

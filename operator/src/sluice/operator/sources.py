@@ -46,7 +46,9 @@ def read_model(r: Reader, spec: Mapping[str, Any]) -> ModelSpec | None:
         return None
     model = r.mapping(spec, "model", "spec.model")
     r.known(
-        model, ("source", "revision", "servedName", "tokenSecretRef", "storageSize"), "spec.model"
+        model,
+        ("source", "revision", "servedName", "tokenSecretRef", "storageSize", "files", "cache"),
+        "spec.model",
     )
     uri = r.string(model, "source", "spec.model.source", required=True, max_length=512)
     source = _model_source(r, uri) if uri else None
@@ -56,6 +58,20 @@ def read_model(r: Reader, spec: Mapping[str, Any]) -> ModelSpec | None:
         r, model, "tokenSecretRef", "spec.model.tokenSecretRef", c.DEFAULT_HF_TOKEN_KEY
     )
     storage = r.quantity(model, "storageSize", "spec.model.storageSize")
+    files = r.strings(model, "files", "spec.model.files", max_items=64, max_length=256)
+    for index, pattern in enumerate(files):
+        if pattern.startswith("/") or ".." in pattern.split("/"):
+            r.fail(f"spec.model.files[{index}]", f"{pattern!r} must be a path inside the repo")
+    cache = r.mapping(model, "cache", "spec.model.cache")
+    r.known(cache, ("claimName",), "spec.model.cache")
+    claim = r.string(
+        cache,
+        "claimName",
+        "spec.model.cache.claimName",
+        required=model.get("cache") is not None,
+        pattern=DNS1123_SUBDOMAIN,
+        max_length=253,
+    )
     if source is None:
         return None
     if source.scheme != "hf":
@@ -63,6 +79,8 @@ def read_model(r: Reader, spec: Mapping[str, Any]) -> ModelSpec | None:
             ("revision", revision),
             ("tokenSecretRef", token),
             ("storageSize", storage),
+            ("files", files or None),
+            ("cache", claim),
         ):
             if value is not None:
                 r.fail(f"spec.model.{key}", "is only valid for hf:// sources")
@@ -72,6 +90,8 @@ def read_model(r: Reader, spec: Mapping[str, Any]) -> ModelSpec | None:
         revision=revision,
         token_secret=token,
         storage_size=storage,
+        files=tuple(files),
+        cache_claim=claim,
     )
 
 

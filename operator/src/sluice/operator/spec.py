@@ -49,6 +49,15 @@ class ModelSpec:
     revision: str | None = None
     token_secret: SecretKeyRef | None = None
     storage_size: str | None = None
+    files: tuple[str, ...] = ()  # hf: allow patterns of the download (empty: every file)
+    cache_claim: str | None = None  # hf: a ReadWriteMany claim shared as the Hub cache
+
+    @property
+    def single_file(self) -> str | None:
+        """The one file `files` names literally (a GGUF the runtime loads as a file)."""
+        if len(self.files) == 1 and not any(ch in self.files[0] for ch in "*?["):
+            return self.files[0]
+        return None
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class Resources:
     gpu_resource: str = c.DEFAULT_GPU_RESOURCE
     cpu: str | None = None
     memory: str | None = None
+    shm_size: str | None = None  # memory-backed /dev/shm for tensor parallelism
 
     @property
     def device(self) -> str:
@@ -121,6 +131,29 @@ class Scheduling:
     affinity: Mapping[str, Any] | None = None
     priority_class_name: str | None = None
     runtime_class_name: str | None = None
+    # None: the operator's default (spread over nodes); () turns spreading off
+    topology_spread_constraints: tuple[Mapping[str, Any], ...] | None = None
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """Ingress to the pods' HTTP port: their own namespace, the listed namespaces (API
+    clients) and the monitoring namespace (Prometheus). NetworkPolicies are L4: a
+    namespace that may scrape /metrics may also call the API (use an API key)."""
+
+    enabled: bool = False
+    allowed_namespaces: tuple[str, ...] = ()
+    monitoring_namespace: str | None = c.DEFAULT_MONITORING_NAMESPACE
+
+
+@dataclass(frozen=True)
+class PodOptions:
+    """Pod-level settings copied to the runtime pods."""
+
+    service_account_name: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -137,12 +170,21 @@ class InferenceServiceSpec:
     env: tuple[Mapping[str, Any], ...] = ()
     startup_timeout_seconds: int = c.DEFAULT_STARTUP_TIMEOUT_SECONDS
     termination_grace_period_seconds: int = c.DEFAULT_TERMINATION_GRACE_SECONDS
+    pod: PodOptions = PodOptions()
+    network_policy: NetworkPolicy = NetworkPolicy()
 
     @property
-    def min_serving_replicas(self) -> int:
-        """The fewest replicas this service is meant to run (what a PDB protects)."""
-        return self.autoscaling.min_replicas if self.autoscaling.enabled else self.replicas
+    def drain_timeout_seconds(self) -> int:
+        """What SIGTERM leaves the runtime to finish running requests: the grace period
+        minus the preStop sleep (spent before SIGTERM) minus time to exit cleanly."""
+        return (
+            self.termination_grace_period_seconds
+            - c.PRESTOP_SLEEP_SECONDS
+            - c.DRAIN_EXIT_MARGIN_SECONDS
+        )
 
     @property
-    def wants_pdb(self) -> bool:
-        return self.min_serving_replicas > 1
+    def autoscaled_start_replicas(self) -> int:
+        """Replicas of a Deployment created under autoscaling, before the HPA acts."""
+        scaling = self.autoscaling
+        return min(max(self.replicas, scaling.min_replicas), scaling.max_replicas)

@@ -1,30 +1,43 @@
-"""InferenceService status from its Deployment: phase, conditions and replica counts.
+"""InferenceService status from its children: one pure function per condition.
 
-Pure: the caller passes the observed Deployment, the previous status (to keep
-`lastTransitionTime` of conditions that did not change) and the current time.
+`Observed` is what the reconcile read (the Deployment, the ReplicaSet of its current pod
+template and that ReplicaSet's pods, the HPA, and a failure to apply the spec, if any).
+From it:
 
-Phases:
-  Pending      no Deployment yet, it has not reported status, or it is scaled to zero
-  Progressing  a rollout is under way (pods starting, model loading, updating)
-  Ready        the rollout is complete and every desired replica is ready
-  Degraded     the rollout exceeded its deadline, pods cannot be created, or replicas
-               were lost after the rollout completed
-  Failed       the spec is invalid or its children cannot be applied (children, if
-               any, keep their last valid version)
+  Available    at least one replica (of any version) serves the model
+  Progressing  a rollout or a scale is under way; False once done, or past its deadline
+  Degraded     something needs a human: a pod problem (CrashLoopBackOff, ImagePullBackOff,
+               OOMKilled, Unschedulable, ...), the rollout's deadline passed, the
+               Deployment cannot create pods, or the HPA cannot scale
+  Ready        serving as asked: at least min(desired, minReplicas) replicas available on
+               the current pod template (minReplicas only while autoscaling; otherwise all
+               desired replicas). Scaling up does not make a serving service un-Ready; a
+               new template is Ready once enough of its pods are.
 
-Conditions (each with reason and message): Ready, Available (at least one replica serves
-the model), Progressing (a rollout is under way), Degraded.
+`phase` is derived from the conditions, worst first: Failed (the spec cannot be applied),
+Degraded, Ready, Progressing, Pending. `compute_status` builds the whole status;
+`transition_events` says which changes deserve an Event.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import constants as c
 from .builders.common import selector_string
 from .builders.service import service_url
+from .pods import worst_problem
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the spec is not (fully) applied; `phase` is Failed, or Pending for a wait."""
+
+    reason: str
+    message: str
+    phase: str = c.PHASE_FAILED
 
 
 @dataclass(frozen=True)
@@ -35,37 +48,15 @@ class Observed:
     namespace: str
     generation: int | None  # the InferenceService generation this status describes
     deployment: Mapping[str, Any] | None
+    replica_set: Mapping[str, Any] | None = None  # the one running the current template
+    pods: tuple[Mapping[str, Any], ...] = ()  # that ReplicaSet's pods
+    hpa: Mapping[str, Any] | None = None
+    autoscaling: bool = False
+    min_replicas: int = 1  # autoscaling.minReplicas
     default_replicas: int = 1  # desired replicas when the Deployment does not say
     served_model_name: str | None = None
-    failure_reason: str | None = None  # set when the spec cannot be applied (phase Failed)
-    failure_message: str = ""
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """The facts `kubectl rollout status` looks at, read from a Deployment."""
-
-    desired: int
-    replicas: int
-    ready: int
-    updated: int
-    available: int
-    observed: bool  # the Deployment controller has seen its latest spec
-    reported: bool  # the Deployment has any status at all
-    progressing_reason: str | None
-    deadline_exceeded: bool
-    deadline_message: str
-    failure_reason: str | None
-    failure_message: str
-
-    @property
-    def complete(self) -> bool:
-        return (
-            self.observed
-            and self.updated >= self.desired
-            and self.replicas == self.updated
-            and self.available >= self.updated
-        )
+    image: str | None = None  # the runtime image the children were applied with
+    failure: Failure | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +67,34 @@ class Condition:
     message: str
 
 
-def read_rollout(deployment: Mapping[str, Any], default_replicas: int) -> Rollout:
+@dataclass(frozen=True)
+class Rollout:
+    """The facts `kubectl rollout status` looks at, read from a Deployment and the
+    ReplicaSet of its current template."""
+
+    desired: int
+    replicas: int
+    ready: int
+    updated: int
+    available: int
+    current_available: int  # available pods of the current template
+    observed: bool  # the Deployment controller has seen its latest spec
+    reported: bool  # the Deployment has any status at all
+    deadline_exceeded: bool = False
+    deadline_message: str = ""
+    failure_reason: str | None = None
+    failure_message: str = ""
+    conditions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def old(self) -> int:
+        """Pods of earlier templates still running."""
+        return max(0, self.replicas - self.updated)
+
+
+def read_rollout(
+    deployment: Mapping[str, Any], replica_set: Mapping[str, Any] | None, default_replicas: int
+) -> Rollout:
     spec = deployment.get("spec") or {}
     status = deployment.get("status") or {}
     generation = (deployment.get("metadata") or {}).get("generation")
@@ -84,22 +102,171 @@ def read_rollout(deployment: Mapping[str, Any], default_replicas: int) -> Rollou
     progressing = conditions.get("Progressing") or {}
     failure = conditions.get("ReplicaFailure") or {}
     observed_generation = status.get("observedGeneration")
+    observed = observed_generation is not None and (
+        generation is None or observed_generation >= generation
+    )
+    replicas = status.get("replicas", 0)
+    updated = status.get("updatedReplicas", 0)
+    available = status.get("availableReplicas", 0)
+    if replica_set is not None:
+        current_available = (replica_set.get("status") or {}).get("availableReplicas", 0)
+    elif observed:  # no ReplicaSet seen: the available pods that cannot be old ones
+        current_available = min(updated, max(0, available - max(0, replicas - updated)))
+    else:  # the counts may still describe the previous template
+        current_available = 0
     return Rollout(
         desired=spec.get("replicas", default_replicas),
-        replicas=status.get("replicas", 0),
+        replicas=replicas,
         ready=status.get("readyReplicas", 0),
-        updated=status.get("updatedReplicas", 0),
-        available=status.get("availableReplicas", 0),
-        observed=observed_generation is not None
-        and (generation is None or observed_generation >= generation),
+        updated=updated,
+        available=available,
+        current_available=current_available,
+        observed=observed,
         reported=bool(status),
-        progressing_reason=progressing.get("reason"),
         deadline_exceeded=progressing.get("status") == "False"
         and progressing.get("reason") == "ProgressDeadlineExceeded",
         deadline_message=progressing.get("message", ""),
         failure_reason=failure.get("reason") if failure.get("status") == "True" else None,
         failure_message=failure.get("message", ""),
+        conditions=conditions,
     )
+
+
+# --- one function per condition -----------------------------------------------------------
+
+
+def available_condition(rollout: Rollout | None) -> Condition:
+    if rollout is None:
+        return Condition(c.CONDITION_AVAILABLE, False, "DeploymentNotFound", _NO_DEPLOYMENT)
+    if rollout.available > 0:
+        return Condition(
+            c.CONDITION_AVAILABLE, True, "ReplicasAvailable", f"{_counts(rollout)} available"
+        )
+    if rollout.desired == 0:
+        return Condition(c.CONDITION_AVAILABLE, False, "ScaledToZero", _SCALED_TO_ZERO)
+    return Condition(
+        c.CONDITION_AVAILABLE, False, "NoReplicasAvailable", f"{_counts(rollout)} available"
+    )
+
+
+def progressing_condition(rollout: Rollout | None) -> Condition:
+    kind = c.CONDITION_PROGRESSING
+    if rollout is None:
+        return Condition(kind, False, "DeploymentNotFound", _NO_DEPLOYMENT)
+    if rollout.deadline_exceeded:
+        message = rollout.deadline_message or f"{_counts(rollout)} available"
+        return Condition(kind, False, "ProgressDeadlineExceeded", message)
+    if not rollout.reported:
+        return Condition(kind, True, "DeploymentCreated", "waiting for the Deployment controller")
+    if not rollout.observed:
+        message = "waiting for the Deployment controller to observe the new spec"
+        return Condition(kind, True, "DeploymentUpdated", message)
+    if rollout.old > 0:
+        message = (
+            f"rolling out: {rollout.current_available}/{rollout.desired} replicas of the new"
+            f" version available, {rollout.old} of the previous still running"
+        )
+        return Condition(kind, True, "RollingOut", message)
+    if rollout.current_available < rollout.desired:
+        message = f"{rollout.current_available}/{rollout.desired} replicas available"
+        return Condition(kind, True, "ReplicasStarting", message)
+    if rollout.replicas > rollout.desired:
+        message = f"scaling down from {rollout.replicas} to {rollout.desired} replicas"
+        return Condition(kind, True, "ScalingDown", message)
+    if rollout.desired == 0:
+        return Condition(kind, False, "ScaledToZero", _SCALED_TO_ZERO)
+    return Condition(kind, False, "RolloutComplete", f"{_counts(rollout)} available")
+
+
+def degraded_condition(
+    rollout: Rollout | None,
+    pods: Sequence[Mapping[str, Any]],
+    hpa: Mapping[str, Any] | None,
+) -> Condition:
+    kind = c.CONDITION_DEGRADED
+    if rollout is not None and rollout.deadline_exceeded:
+        message = rollout.deadline_message or f"{_counts(rollout)} available"
+        return Condition(kind, True, "ProgressDeadlineExceeded", message)
+    problem = worst_problem(pods)
+    if problem is not None:
+        worst, count = problem
+        affected = f" ({count} of {len(pods)} pods affected)" if len(pods) > 1 else ""
+        return Condition(kind, True, worst.reason, f"pod {worst.pod}: {worst.message}{affected}")
+    if rollout is not None and rollout.failure_reason:
+        message = rollout.failure_message or rollout.failure_reason
+        return Condition(kind, True, rollout.failure_reason, message)
+    hpa_problem = _hpa_problem(hpa)
+    if hpa_problem is not None:
+        return Condition(kind, True, *hpa_problem)
+    return Condition(kind, False, "AsExpected", "")
+
+
+def ready_condition(
+    observed: Observed, rollout: Rollout | None, degraded: Condition, progressing: Condition
+) -> Condition:
+    kind = c.CONDITION_READY
+    if observed.failure is not None:
+        return Condition(kind, False, observed.failure.reason, observed.failure.message)
+    if rollout is None:
+        return Condition(kind, False, "DeploymentNotFound", _NO_DEPLOYMENT)
+    if rollout.desired == 0:
+        return Condition(kind, False, "ScaledToZero", _SCALED_TO_ZERO)
+    needed = serving_floor(observed, rollout)
+    have = rollout.current_available
+    message = f"{have}/{rollout.desired} replicas of the current version available"
+    if needed < rollout.desired:
+        message += f" (serving needs {needed})"
+    if have >= needed:
+        return Condition(kind, True, "Serving", message)
+    if degraded.status:
+        return Condition(kind, False, degraded.reason, degraded.message)
+    if progressing.status:
+        return Condition(kind, False, progressing.reason, progressing.message)
+    return Condition(kind, False, "ReplicasUnavailable", message)
+
+
+def serving_floor(observed: Observed, rollout: Rollout) -> int:
+    """How many replicas of the current template must be available to call it Ready."""
+    if observed.autoscaling:
+        return max(1, min(rollout.desired, observed.min_replicas))
+    return rollout.desired
+
+
+def derive_phase(
+    failure: Failure | None, ready: Condition, progressing: Condition, degraded: Condition
+) -> str:
+    if failure is not None:
+        return failure.phase
+    if degraded.status:
+        return c.PHASE_DEGRADED
+    if ready.status:
+        return c.PHASE_READY
+    if progressing.status and progressing.reason not in ("DeploymentCreated",):
+        return c.PHASE_PROGRESSING
+    return c.PHASE_PENDING
+
+
+def _hpa_problem(hpa: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    if hpa is None:
+        return None
+    conditions = {
+        cond.get("type"): cond for cond in (hpa.get("status") or {}).get("conditions") or []
+    }
+    for kind, reason in (
+        ("AbleToScale", "AutoscalerCannotScale"),
+        ("ScalingActive", "AutoscalingInactive"),
+    ):
+        cond = conditions.get(kind) or {}
+        if cond.get("status") == "False":
+            detail = cond.get("message") or cond.get("reason") or kind
+            return (
+                reason,
+                f"HorizontalPodAutoscaler {kind}=False ({cond.get('reason', '')}): {detail}",
+            )
+    return None
+
+
+# --- the whole status -------------------------------------------------------------------------
 
 
 def compute_status(
@@ -108,9 +275,16 @@ def compute_status(
     """The full status object; absent values are None so a merge patch clears them."""
     deployment = observed.deployment
     rollout = (
-        read_rollout(deployment, observed.default_replicas) if deployment is not None else None
+        read_rollout(deployment, observed.replica_set, observed.default_replicas)
+        if deployment is not None
+        else None
     )
-    phase, conditions = _assess(observed, rollout)
+    available = available_condition(rollout)
+    progressing = progressing_condition(rollout)
+    degraded = degraded_condition(rollout, observed.pods, observed.hpa)
+    ready = ready_condition(observed, rollout, degraded, progressing)
+    phase = derive_phase(observed.failure, ready, progressing, degraded)
+    conditions = [ready, available, progressing, degraded]
     status: dict[str, Any] = {
         "phase": phase,
         "conditions": _with_times(conditions, previous, now, observed.generation),
@@ -122,116 +296,11 @@ def compute_status(
         else None,
         "selector": selector_string(observed.name),
         "servedModelName": observed.served_model_name,
+        "image": observed.image or previous.get("image"),
     }
     if observed.generation is not None:
         status["observedGeneration"] = observed.generation
     return status
-
-
-def _assess(observed: Observed, rollout: Rollout | None) -> tuple[str, list[Condition]]:
-    available, progressing, degraded, phase, ready_reason, ready_message = _from_rollout(rollout)
-    if observed.failure_reason is not None:
-        phase = c.PHASE_FAILED
-        ready_reason, ready_message = observed.failure_reason, observed.failure_message
-    return phase, [
-        Condition(c.CONDITION_READY, phase == c.PHASE_READY, ready_reason, ready_message),
-        available,
-        progressing,
-        degraded,
-    ]
-
-
-def _from_rollout(
-    rollout: Rollout | None,
-) -> tuple[Condition, Condition, Condition, str, str, str]:
-    if rollout is None:
-        message = "the Deployment does not exist yet"
-        return (
-            Condition(c.CONDITION_AVAILABLE, False, "DeploymentNotFound", message),
-            Condition(c.CONDITION_PROGRESSING, False, "DeploymentNotFound", message),
-            Condition(c.CONDITION_DEGRADED, False, "AsExpected", ""),
-            c.PHASE_PENDING,
-            "DeploymentNotFound",
-            message,
-        )
-    counts = f"{rollout.ready}/{rollout.desired} replicas ready"
-    if rollout.ready > 0:
-        available = Condition(c.CONDITION_AVAILABLE, True, "ReplicasReady", counts)
-    elif rollout.desired == 0:
-        available = Condition(
-            c.CONDITION_AVAILABLE, False, "ScaledToZero", "scaled to zero replicas"
-        )
-    else:
-        available = Condition(c.CONDITION_AVAILABLE, False, "NoReplicasReady", counts)
-
-    if rollout.deadline_exceeded:
-        reason, message = "ProgressDeadlineExceeded", rollout.deadline_message or counts
-        return (
-            available,
-            Condition(c.CONDITION_PROGRESSING, False, reason, message),
-            Condition(c.CONDITION_DEGRADED, True, reason, message),
-            c.PHASE_DEGRADED,
-            reason,
-            message,
-        )
-    if rollout.failure_reason:
-        reason, message = rollout.failure_reason, rollout.failure_message or counts
-        return (
-            available,
-            Condition(
-                c.CONDITION_PROGRESSING,
-                not rollout.complete,
-                rollout.progressing_reason or reason,
-                counts,
-            ),
-            Condition(c.CONDITION_DEGRADED, True, reason, message),
-            c.PHASE_DEGRADED,
-            reason,
-            message,
-        )
-    healthy = Condition(c.CONDITION_DEGRADED, False, "AsExpected", "")
-    if rollout.desired == 0:
-        return (
-            available,
-            Condition(c.CONDITION_PROGRESSING, False, "ScaledToZero", "scaled to zero replicas"),
-            healthy,
-            c.PHASE_PENDING,
-            "ScaledToZero",
-            "scaled to zero replicas",
-        )
-    if not rollout.reported:
-        message = "waiting for the Deployment controller"
-        return (
-            available,
-            Condition(c.CONDITION_PROGRESSING, True, "DeploymentCreated", message),
-            healthy,
-            c.PHASE_PENDING,
-            "DeploymentCreated",
-            message,
-        )
-    if not rollout.complete:
-        reason = rollout.progressing_reason or "RollingOut"
-        message = f"rolling out: {rollout.updated}/{rollout.desired} updated, {counts}"
-        return (
-            available,
-            Condition(c.CONDITION_PROGRESSING, True, reason, message),
-            healthy,
-            c.PHASE_PROGRESSING,
-            reason,
-            message,
-        )
-    done = Condition(c.CONDITION_PROGRESSING, False, "RolloutComplete", counts)
-    if rollout.ready < rollout.desired:
-        reason = "ReplicasUnavailable"
-        return (
-            available,
-            done,
-            Condition(c.CONDITION_DEGRADED, True, reason, counts),
-            c.PHASE_DEGRADED,
-            reason,
-            counts,
-        )
-    return available, done, healthy, c.PHASE_READY, "AllReplicasReady", counts
 
 
 def _with_times(
@@ -262,3 +331,49 @@ def _with_times(
 def status_changed(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     """Whether patching `desired` over `current` would change anything."""
     return any(current.get(key) != value for key, value in desired.items())
+
+
+# reasons of Ready=False that are not the normal course of a rollout
+_QUIET_READY_REASONS = frozenset(
+    {"DeploymentNotFound", "DeploymentCreated", "DeploymentUpdated", "RollingOut",
+     "ReplicasStarting", "ScalingDown", "ScaledToZero", "WaitingForGarbageCollection"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def transition_events(previous: Mapping[str, Any], current: Mapping[str, Any]) -> list[Event]:
+    """Events for what changed between two statuses: Ready turning True (Normal), Ready
+    turning False for a reason that is not a rollout step, and Degraded turning True or
+    changing its reason (Warning). Unchanged conditions post nothing, so resyncs are quiet."""
+    before = {cond.get("type"): cond for cond in previous.get("conditions") or []}
+    events: list[Event] = []
+    for cond in current.get("conditions") or []:
+        old = before.get(cond["type"]) or {}
+        if (old.get("status"), old.get("reason")) == (cond["status"], cond["reason"]):
+            continue
+        if cond["type"] == c.CONDITION_READY:
+            if cond["status"] == "True":
+                events.append(Event("Normal", "Ready", cond["message"]))
+            elif cond["reason"] not in _QUIET_READY_REASONS:
+                events.append(Event("Warning", cond["reason"], cond["message"]))
+        elif cond["type"] == c.CONDITION_DEGRADED and cond["status"] == "True":
+            events.append(Event("Warning", cond["reason"], cond["message"]))
+    unique: list[Event] = []
+    for event in events:
+        if event not in unique:
+            unique.append(event)
+    return unique
+
+
+_NO_DEPLOYMENT = "the Deployment does not exist yet"
+_SCALED_TO_ZERO = "scaled to zero replicas"
+
+
+def _counts(rollout: Rollout) -> str:
+    return f"{rollout.available}/{rollout.desired} replicas"

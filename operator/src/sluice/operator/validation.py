@@ -20,6 +20,7 @@ QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")  # a key without prefix
 
 
 class SpecError(ValueError):
@@ -215,3 +216,12 @@ class Reader:
             else:
                 result[str(name)] = item
         return result
+
+
+def check_label_key(r: Reader, key: str, path: str) -> None:
+    """A label or annotation key: an optional DNS subdomain prefix and a name."""
+    prefix, _, name = key.rpartition("/")
+    if not name or len(name) > 63 or not LABEL_NAME.match(name):
+        r.fail(path, f"{key!r} is not a valid key (name part: letters, digits, '-', '_', '.')")
+    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
+        r.fail(path, f"{key!r} has an invalid prefix (a DNS subdomain)")

@@ -10,9 +10,15 @@ from sluice.runtime.server_args import ServerArgs
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sluice", description="Sluice LLM serving runtime")
+    # allow_abbrev=False: `--por=1` must not be read as `--port=1` (the operator sets some
+    # flags itself and refuses them in extraArgs; an abbreviation would slip past)
+    parser = argparse.ArgumentParser(
+        prog="sluice", description="Sluice LLM serving runtime", allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a model with an OpenAI-compatible API")
+    serve = sub.add_parser(
+        "serve", help="serve a model with an OpenAI-compatible API", allow_abbrev=False
+    )
     ServerArgs.add_cli_args(serve)
     router = sub.add_parser("router", help="route requests across several runtime servers")
     RouterArgs.add_cli_args(router)

@@ -10,7 +10,8 @@ from __future__ import annotations
 # --- network -------------------------------------------------------------------------
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
-HEALTH_PATH = "/health"
+HEALTH_PATH = "/health"  # readiness: 503 while loading and draining
+LIVE_PATH = "/health/live"  # liveness: 503 when the scheduler stopped sending its heartbeat
 METRICS_PATH = "/metrics"
 SERVER_INFO_PATH = "/server_info"
 CONTAINER_PORT_NAME = "http"
@@ -39,6 +40,9 @@ FLAG_ATTENTION_BACKEND = "--attention-backend"
 FLAG_TENSOR_PARALLEL_SIZE = "--tensor-parallel-size"
 FLAG_DISABLE_OVERLAP_SCHEDULE = "--disable-overlap-schedule"
 FLAG_API_KEY = "--api-key"
+FLAG_DRAIN_TIMEOUT = "--drain-timeout"
+FLAG_STARTUP_TIMEOUT = "--startup-timeout"
+FLAG_SCHEDULER_HEARTBEAT_TIMEOUT = "--scheduler-heartbeat-timeout"
 ENV_API_KEY = "SLUICE_API_KEY"
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")

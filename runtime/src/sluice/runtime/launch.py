@@ -31,7 +31,6 @@ from sluice.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sluice.server")
 
-READY_TIMEOUT_S = 1800.0
 WATCH_INTERVAL_S = 0.5
 
 
@@ -152,7 +151,7 @@ def launch_server(args: ServerArgs) -> int:
     port_args = PortArgs.fresh()
     children = ChildProcesses(args, model_path, port_args)
     try:
-        ready = children.wait_ready(READY_TIMEOUT_S)
+        ready = children.wait_ready(args.startup_timeout)
     except ChildDied as err:
         logger.error("%s", err)
         children.stop()

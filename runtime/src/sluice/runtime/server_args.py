@@ -105,6 +105,13 @@ class ServerArgs:
         "(vllm: what the Gateway API Inference Extension's endpoint picker reads).",
         ("none", "vllm"),
     )
+    startup_timeout: float = option(
+        1800.0, "Seconds to wait for the scheduler to load the model before giving up (exit 1)."
+    )
+    scheduler_heartbeat_timeout: float = option(
+        120.0, f"{C.LIVE_PATH} turns 503 when requests are in flight and the scheduler has sent "
+        "no stats for this many seconds (a hung scheduler: deadlock, stuck collective).",
+    )
     torch_threads: int = option(0, "torch intra-op threads in the scheduler on the CPU (0: torch's default).")
 
     @property
@@ -144,6 +151,14 @@ class ServerArgs:
             problem = backend_problem(self.attention_backend, self.resolved_device)
             if problem is not None:
                 problems.append(problem)
+        if self.drain_timeout < 0:
+            problems.append(f"{C.FLAG_DRAIN_TIMEOUT} must be >= 0")
+        for flag, value in (
+            (C.FLAG_STARTUP_TIMEOUT, self.startup_timeout),
+            (C.FLAG_SCHEDULER_HEARTBEAT_TIMEOUT, self.scheduler_heartbeat_timeout),
+        ):
+            if not value > 0:
+                problems.append(f"{flag} must be > 0")
         if self.tensor_parallel_size != 1:
             problems.append(
                 "--tensor-parallel-size > 1 is not supported by this build yet; "

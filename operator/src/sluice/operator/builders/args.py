@@ -28,6 +28,10 @@ def serve_args(isvc: InferenceServiceSpec, model_argument: str) -> list[str]:
         isvc.resources.device,
         rc.FLAG_TENSOR_PARALLEL_SIZE,
         str(rt.tensor_parallel_size),
+        rc.FLAG_STARTUP_TIMEOUT,
+        str(isvc.startup_timeout_seconds),
+        rc.FLAG_DRAIN_TIMEOUT,
+        str(isvc.drain_timeout_seconds),
     ]
     optional: list[tuple[str, object]] = [
         (rc.FLAG_DTYPE, rt.dtype),

@@ -49,13 +49,14 @@ def container_security_context() -> dict[str, Any]:
     }
 
 
-def pod_security_context() -> dict[str, Any]:
-    """Pod Security Standard `restricted`: a fixed non-root uid/gid the runtime image uses."""
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": c.RUN_AS_USER,
-        "runAsGroup": c.RUN_AS_USER,
-        "fsGroup": c.RUN_AS_USER,
+def pod_security_context(run_as_user: int | None = c.RUN_AS_USER) -> dict[str, Any]:
+    """Pod Security Standard `restricted`, non-root. `run_as_user` fixes the uid, gid and
+    fsGroup (the runtime image's user); None leaves them to the platform (OpenShift's
+    restricted-v2 assigns them from the namespace's range and refuses fixed ones)."""
+    context: dict[str, Any] = {"runAsNonRoot": True}
+    if run_as_user is not None:
+        context |= {"runAsUser": run_as_user, "runAsGroup": run_as_user, "fsGroup": run_as_user}
+    return context | {
         "fsGroupChangePolicy": "OnRootMismatch",  # no recursive chown of big model volumes
         "seccompProfile": {"type": "RuntimeDefault"},
     }

@@ -1,16 +1,21 @@
 """The Deployment that runs `sluice serve`.
 
 Choices a reviewer should know about:
-- `spec.replicas` is left out when autoscaling is on, so the HPA owns it (server-side
-  apply then releases the field instead of fighting the HPA).
+- `spec.replicas` is what the caller decides (replicas.py: the HPA owns it while
+  autoscaling, handed over without a drop to the default of 1).
 - Rolling updates surge one pod and never take a serving pod down first (maxSurge 1,
   maxUnavailable 0): zero downtime, at the cost of needing room for one extra pod.
-- Startup probe: `startupTimeoutSeconds` of model loading before liveness applies.
-  Readiness and liveness both use `/health`, which is 503 while loading and draining.
+- Probes: startup and readiness on `/health` (503 while loading and draining), the
+  startup probe allowing `startupTimeoutSeconds` (the runtime's own `--startup-timeout`
+  is the same); liveness on `/health/live`, which fails only when the scheduler is hung.
 - Draining: preStop sleeps a few seconds so Service endpoints drop the pod, then SIGTERM
-  makes the runtime finish running requests within `terminationGracePeriodSeconds`.
-- Security: non-root uid 1000, read-only root filesystem (writable emptyDirs for /tmp and
-  the cache), no service-account token, no service links in the environment.
+  makes the runtime finish running requests within `--drain-timeout` = grace period −
+  preStop − a margin to exit.
+- Pods spread over nodes by default (one node's loss or drain takes few replicas); GPUs
+  per pod = tensor-parallel size; tensor parallelism gets a memory-backed /dev/shm.
+- Security: non-root (uid 1000 unless the platform assigns uids), read-only root
+  filesystem (writable emptyDirs for /tmp and the cache), no service-account token, no
+  service links in the environment.
 """
 
 from __future__ import annotations
@@ -34,11 +39,21 @@ from .common import (
 )
 from .model import model_mount
 
+FROM_SPEC = -1  # build_deployment(replicas=...): spec.replicas, or none while autoscaling
 
-def build_deployment(isvc: InferenceServiceSpec) -> dict[str, Any]:
+
+def build_deployment(
+    isvc: InferenceServiceSpec,
+    *,
+    replicas: int | None = FROM_SPEC,
+    run_as_user: int | None = c.RUN_AS_USER,
+) -> dict[str, Any]:
+    """`replicas`: the count to apply, None to leave the field out (the HPA owns it)."""
+    if replicas == FROM_SPEC:
+        replicas = None if isvc.autoscaling.enabled else isvc.replicas
     spec: dict[str, Any] = {}
-    if not isvc.autoscaling.enabled:
-        spec["replicas"] = isvc.replicas
+    if replicas is not None:
+        spec["replicas"] = replicas
     spec |= {
         "selector": {"matchLabels": selector_labels(isvc.name)},
         "strategy": {
@@ -49,15 +64,20 @@ def build_deployment(isvc: InferenceServiceSpec) -> dict[str, Any]:
         "progressDeadlineSeconds": isvc.startup_timeout_seconds
         + c.PROGRESS_DEADLINE_MARGIN_SECONDS,
         "template": {
-            "metadata": {"labels": labels(isvc.name), "annotations": scrape_annotations()},
-            "spec": pod_spec(isvc),
+            "metadata": pod_metadata(isvc),
+            "spec": pod_spec(isvc, run_as_user=run_as_user),
         },
     }
+    meta = object_meta(isvc)
+    meta["annotations"] = {c.ANNOTATION_SPEC_REPLICAS: str(isvc.replicas)}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
+
+
+def pod_metadata(isvc: InferenceServiceSpec) -> dict[str, Any]:
+    """The operator's labels and scrape annotations, after the user's own."""
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": object_meta(isvc),
-        "spec": spec,
+        "labels": {**isvc.pod.labels, **labels(isvc.name)},
+        "annotations": {**isvc.pod.annotations, **scrape_annotations()},
     }
 
 
@@ -69,8 +89,10 @@ def scrape_annotations() -> dict[str, str]:
     }
 
 
-def resource_requirements(isvc: InferenceServiceSpec, *, with_gpus: bool) -> dict[str, Any]:
-    """CPU is requested but not limited (no throttling); memory is requested and limited."""
+def resource_requirements(isvc: InferenceServiceSpec, *, runtime: bool) -> dict[str, Any]:
+    """CPU is requested but not limited (no throttling); memory is requested and limited.
+    The runtime container also asks for its GPUs (one per tensor-parallel rank) and for the
+    disk an hf:// download fills (ephemeral storage: the emptyDir holding the weights)."""
     res = isvc.resources
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
@@ -78,8 +100,11 @@ def resource_requirements(isvc: InferenceServiceSpec, *, with_gpus: bool) -> dic
         requests["cpu"] = res.cpu
     if res.memory:
         requests["memory"] = limits["memory"] = res.memory
-    if with_gpus and res.gpus:
+    if runtime and res.gpus:
         requests[res.gpu_resource] = limits[res.gpu_resource] = str(res.gpus)
+    if runtime and isvc.model.storage_size and isvc.model.source.scheme == "hf":
+        if not isvc.model.cache_claim:
+            requests["ephemeral-storage"] = isvc.model.storage_size
     result: dict[str, Any] = {}
     if requests:
         result["requests"] = requests
@@ -88,8 +113,8 @@ def resource_requirements(isvc: InferenceServiceSpec, *, with_gpus: bool) -> dic
     return result
 
 
-def pod_spec(isvc: InferenceServiceSpec) -> dict[str, Any]:
-    model = model_mount(isvc, resource_requirements(isvc, with_gpus=False))
+def pod_spec(isvc: InferenceServiceSpec, *, run_as_user: int | None) -> dict[str, Any]:
+    model = model_mount(isvc, resource_requirements(isvc, runtime=False))
     volumes: list[dict[str, Any]] = [
         {"name": c.VOLUME_CACHE, "emptyDir": {}},
         {"name": c.VOLUME_TMP, "emptyDir": {}},
@@ -101,13 +126,19 @@ def pod_spec(isvc: InferenceServiceSpec) -> dict[str, Any]:
         *model.mounts,
     ]
     if isvc.runtime.tensor_parallel_size > 1:  # NCCL / gloo exchange through shared memory
-        volumes.append({"name": c.VOLUME_SHM, "emptyDir": {"medium": "Memory"}})
+        size = (
+            isvc.resources.shm_size or f"{isvc.runtime.tensor_parallel_size * c.SHM_GIB_PER_RANK}Gi"
+        )
+        volumes.append({"name": c.VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": size}})
         mounts.append({"name": c.VOLUME_SHM, "mountPath": c.SHM_DIR})
 
-    pod: dict[str, Any] = {
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": pod_security_context(),
+    pod: dict[str, Any] = {"automountServiceAccountToken": False, "enableServiceLinks": False}
+    if isvc.pod.service_account_name:
+        pod["serviceAccountName"] = isvc.pod.service_account_name
+    if isvc.pod.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": name} for name in isvc.pod.image_pull_secrets]
+    pod |= {
+        "securityContext": pod_security_context(run_as_user),
         "terminationGracePeriodSeconds": isvc.termination_grace_period_seconds,
     }
     if model.init_containers:
@@ -131,17 +162,18 @@ def runtime_container(
         ],
         "env": runtime_env(isvc),
     }
-    resources = resource_requirements(isvc, with_gpus=True)
+    resources = resource_requirements(isvc, runtime=True)
     if resources:
         container["resources"] = resources
     container |= {
-        "startupProbe": health_probe(
+        "startupProbe": http_probe(
+            rc.HEALTH_PATH,
             period=c.STARTUP_PROBE_PERIOD_SECONDS,
             failures=math.ceil(isvc.startup_timeout_seconds / c.STARTUP_PROBE_PERIOD_SECONDS),
         ),
-        "readinessProbe": health_probe(period=c.READINESS_PERIOD_SECONDS, failures=3),
-        "livenessProbe": health_probe(
-            period=c.LIVENESS_PERIOD_SECONDS, failures=c.LIVENESS_FAILURE_THRESHOLD
+        "readinessProbe": http_probe(rc.HEALTH_PATH, period=c.READINESS_PERIOD_SECONDS, failures=3),
+        "livenessProbe": http_probe(
+            rc.LIVE_PATH, period=c.LIVENESS_PERIOD_SECONDS, failures=c.LIVENESS_FAILURE_THRESHOLD
         ),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(c.PRESTOP_SLEEP_SECONDS)]}}},
         "volumeMounts": mounts,
@@ -162,13 +194,27 @@ def runtime_env(isvc: InferenceServiceSpec) -> list[dict[str, Any]]:
     return env + [copy.deepcopy(dict(item)) for item in isvc.env]
 
 
-def health_probe(*, period: int, failures: int) -> dict[str, Any]:
+def http_probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
     return {
-        "httpGet": {"path": rc.HEALTH_PATH, "port": rc.CONTAINER_PORT_NAME},
+        "httpGet": {"path": path, "port": rc.CONTAINER_PORT_NAME},
         "periodSeconds": period,
         "timeoutSeconds": c.PROBE_TIMEOUT_SECONDS,
         "failureThreshold": failures,
     }
+
+
+def default_topology_spread(isvc: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """Spread the pods of one version over nodes, as evenly as the nodes allow (never
+    blocking scheduling: GPU nodes are scarce)."""
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": c.TOPOLOGY_KEY_NODE,
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector_labels(isvc.name)},
+            "matchLabelKeys": [c.LABEL_POD_TEMPLATE_HASH],
+        }
+    ]
 
 
 def scheduling_fields(isvc: InferenceServiceSpec) -> dict[str, Any]:
@@ -180,6 +226,12 @@ def scheduling_fields(isvc: InferenceServiceSpec) -> dict[str, Any]:
         fields["tolerations"] = [copy.deepcopy(dict(t)) for t in s.tolerations]
     if s.affinity:
         fields["affinity"] = copy.deepcopy(dict(s.affinity))
+    if s.topology_spread_constraints is None:
+        fields["topologySpreadConstraints"] = default_topology_spread(isvc)
+    elif s.topology_spread_constraints:
+        fields["topologySpreadConstraints"] = [
+            copy.deepcopy(dict(t)) for t in s.topology_spread_constraints
+        ]
     if s.priority_class_name:
         fields["priorityClassName"] = s.priority_class_name
     if s.runtime_class_name:

@@ -2,13 +2,23 @@
 
 - `bundled://smollm2-135m`: the weights ship in the image; `--model smollm2-135m`.
 - `hf://org/name`: an init container (same image, which has `huggingface_hub`) downloads
-  the snapshot into an emptyDir, with HF_TOKEN from `spec.model.tokenSecretRef`; the
-  runtime reads it from there, read-only.
+  the snapshot before the runtime starts, with HF_TOKEN from `spec.model.tokenSecretRef`
+  and the user's `spec.env` (proxies, HF_ENDPOINT, HF_HUB_ENABLE_HF_TRANSFER). Only the
+  files matching `spec.model.files` are fetched (all but original checkpoints without it).
+  - Without a cache: into an emptyDir of the pod (`storageSize` bounds it and is
+    requested as ephemeral storage); the runtime reads it from there, read-only.
+  - With `spec.model.cache.claimName`: a ReadWriteMany claim is the download's Hub cache
+    (HF_HOME), shared by every replica: the first downloads, the next ones find the files
+    there and only check the revision. The init container links the snapshot folder to
+    /models/hf, and the runtime mounts the claim read-only to follow the link.
+  A model that is one GGUF file is loaded as that file: name it in `files`.
 - `pvc://claim/path`: the claim is mounted read-only; `--model` points inside it.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,17 +29,26 @@ from ..spec import InferenceServiceSpec
 from .common import container_security_context, secret_env
 
 # Arguments come from the environment, never from string formatting, so a repo name or a
-# revision cannot inject code. Original checkpoints (*.pth, original/) are skipped: the
-# runtime loads safetensors or GGUF.
+# revision cannot inject code. Original checkpoints (*.pth, original/) are skipped unless
+# `files` asks for them: the runtime loads safetensors or GGUF.
 DOWNLOAD_SCRIPT = """\
+import json
 import os
 from huggingface_hub import snapshot_download
-snapshot_download(
+files = json.loads(os.environ.get("SLUICE_MODEL_FILES") or "[]")
+target = os.environ["SLUICE_MODEL_DIR"]
+shared = os.environ.get("SLUICE_MODEL_CACHE") == "1"
+path = snapshot_download(
     repo_id=os.environ["SLUICE_MODEL_REPO"],
     revision=os.environ.get("SLUICE_MODEL_REVISION") or None,
-    local_dir=os.environ["SLUICE_MODEL_DIR"],
-    ignore_patterns=["*.pth", "*.pt", "original/*"],
+    local_dir=None if shared else target,
+    allow_patterns=files or None,
+    ignore_patterns=None if files else ["*.pth", "*.pt", "original/*"],
 )
+if shared:
+    if os.path.islink(target):  # a restarted init container: the emptyDir outlives it
+        os.remove(target)
+    os.symlink(path, target, target_is_directory=True)
 """
 
 
@@ -60,38 +79,66 @@ def model_mount(isvc: InferenceServiceSpec, resources: dict[str, Any]) -> ModelM
             ),
             mounts=({"name": c.VOLUME_MODEL, "mountPath": mount_path, "readOnly": True},),
         )
+    single = isvc.model.single_file
+    argument = f"{c.HF_MODEL_DIR}/{single}" if single else c.HF_MODEL_DIR
     empty_dir: dict[str, Any] = {}
-    if isvc.model.storage_size:
+    if isvc.model.storage_size and not isvc.model.cache_claim:
         empty_dir["sizeLimit"] = isvc.model.storage_size
+    volumes: list[dict[str, Any]] = [{"name": c.VOLUME_MODEL, "emptyDir": empty_dir}]
+    mounts: list[dict[str, Any]] = [
+        {"name": c.VOLUME_MODEL, "mountPath": c.MODELS_DIR, "readOnly": True}
+    ]
+    if isvc.model.cache_claim:
+        volumes.append(
+            {
+                "name": c.VOLUME_MODEL_CACHE,
+                "persistentVolumeClaim": {"claimName": isvc.model.cache_claim},
+            }
+        )
+        mounts.append(
+            {"name": c.VOLUME_MODEL_CACHE, "mountPath": c.SHARED_CACHE_DIR, "readOnly": True}
+        )
     return ModelMount(
-        model_argument=c.HF_MODEL_DIR,
-        volumes=({"name": c.VOLUME_MODEL, "emptyDir": empty_dir},),
-        mounts=({"name": c.VOLUME_MODEL, "mountPath": c.MODELS_DIR, "readOnly": True},),
+        model_argument=argument,
+        volumes=tuple(volumes),
+        mounts=tuple(mounts),
         init_containers=(_download_container(isvc, resources),),
     )
 
 
 def _download_container(isvc: InferenceServiceSpec, resources: dict[str, Any]) -> dict[str, Any]:
     assert isvc.model.source.repo is not None
+    shared = isvc.model.cache_claim is not None
     env: list[dict[str, Any]] = [
         {"name": c.ENV_MODEL_REPO, "value": isvc.model.source.repo},
         {"name": c.ENV_MODEL_DIR, "value": c.HF_MODEL_DIR},
-        {"name": c.ENV_HF_HOME, "value": f"{c.TMP_DIR}/huggingface"},
+        {
+            "name": c.ENV_HF_HOME,
+            "value": c.SHARED_CACHE_DIR if shared else f"{c.TMP_DIR}/huggingface",
+        },
     ]
     if isvc.model.revision:
         env.append({"name": c.ENV_MODEL_REVISION, "value": isvc.model.revision})
+    if isvc.model.files:
+        env.append({"name": c.ENV_MODEL_FILES, "value": json.dumps(list(isvc.model.files))})
+    if shared:
+        env.append({"name": c.ENV_MODEL_CACHE, "value": "1"})
     if isvc.model.token_secret:
         ref = isvc.model.token_secret
         env.append(secret_env(c.ENV_HF_TOKEN, ref.name, ref.key))
+    env += [copy.deepcopy(dict(item)) for item in isvc.env]
+    mounts: list[dict[str, Any]] = [
+        {"name": c.VOLUME_MODEL, "mountPath": c.MODELS_DIR},
+        {"name": c.VOLUME_TMP, "mountPath": c.TMP_DIR},
+    ]
+    if shared:
+        mounts.append({"name": c.VOLUME_MODEL_CACHE, "mountPath": c.SHARED_CACHE_DIR})
     container: dict[str, Any] = {
         "name": c.DOWNLOAD_CONTAINER_NAME,
         "image": isvc.image,
         "command": ["python", "-c", DOWNLOAD_SCRIPT],
         "env": env,
-        "volumeMounts": [
-            {"name": c.VOLUME_MODEL, "mountPath": c.MODELS_DIR},
-            {"name": c.VOLUME_TMP, "mountPath": c.TMP_DIR},
-        ],
+        "volumeMounts": mounts,
         "securityContext": container_security_context(),
     }
     if resources:

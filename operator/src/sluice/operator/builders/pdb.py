@@ -1,8 +1,10 @@
-"""The PodDisruptionBudget: voluntary evictions (node drains) take one pod at a time.
+"""The PodDisruptionBudget: voluntary evictions (node drains, consolidation) take one pod
+at a time.
 
-Built only when the service is meant to run more than one replica; with one replica a
-PDB would block drains forever. Pods that never became ready may always be evicted, so a
-broken rollout does not hold a node hostage.
+Always created. With `maxUnavailable: 1` it never blocks a drain (one pod may always go,
+even of a one-replica service), but it stops a cluster autoscaler or a consolidation from
+evicting several loaded GPU pods at once. Pods that never became ready may always be
+evicted, so a broken rollout does not hold a node hostage.
 """
 
 from __future__ import annotations

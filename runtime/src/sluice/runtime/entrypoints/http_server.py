@@ -52,7 +52,7 @@ from sluice.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sluice.http")
 
-OPEN_PATHS = frozenset({C.HEALTH_PATH, C.METRICS_PATH})  # reachable without the API key
+OPEN_PATHS = frozenset({C.HEALTH_PATH, C.LIVE_PATH, C.METRICS_PATH})  # no API key: probes, scrapes
 T = TypeVar("T")
 
 
@@ -275,6 +275,13 @@ class _Server:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "draining" if self.tm.draining else "starting"}, 503)
 
+    def live(self) -> Response:
+        """Liveness: fails only for a hung scheduler (a restart helps), never while loading
+        or draining (a restart would not)."""
+        if self.tm.scheduler_stalled(self.args.scheduler_heartbeat_timeout):
+            return JSONResponse({"status": "scheduler-stalled"}, 503)
+        return JSONResponse({"status": "alive"})
+
     def server_info(self) -> dict[str, Any]:
         info = {k: v for k, v in dataclasses.asdict(self.args).items() if k != "api_key"}
         info.update(self.tm.server_info())
@@ -325,6 +332,7 @@ def build_app(
     app.add_api_route("/v1/chat/completions", server.chat, methods=["POST"])
     app.add_api_route("/generate", server.generate, methods=["POST"])
     app.add_api_route(C.HEALTH_PATH, server.health, methods=["GET"])
+    app.add_api_route(C.LIVE_PATH, server.live, methods=["GET"])
     app.add_api_route(C.SERVER_INFO_PATH, server.server_info, methods=["GET"])
     if metrics_handler is not None:
         app.add_api_route(C.METRICS_PATH, metrics_handler, methods=["GET"])

@@ -71,6 +71,9 @@ class TokenizerManager:
         self.is_ready = False
         self.draining = False
         self.stats = SchedulerStats(max_total_tokens=ready.max_total_tokens)
+        # when the last SchedulerStats arrived (monotonic): the scheduler's heartbeat, at
+        # least once a second while it runs its loop (scheduler/process.py StatsPublisher)
+        self.stats_received_at = time.monotonic()
         self._ctx = zmq.asyncio.Context()
         # sends never block (PUSH to a bound peer), so a plain socket keeps aborts
         # deliverable from `finally` blocks even while a task is being cancelled
@@ -89,6 +92,10 @@ class TokenizerManager:
     @property
     def num_inflight(self) -> int:
         return len(self._states)
+
+    def scheduler_stalled(self, timeout_s: float) -> bool:
+        """Requests are waiting on a scheduler that has been silent for over `timeout_s`."""
+        return self.num_inflight > 0 and time.monotonic() - self.stats_received_at > timeout_s
 
     def start(self) -> None:
         """Start receiving; call from inside the server's event loop."""
@@ -160,6 +167,7 @@ class TokenizerManager:
                 self._dispatch(msg)
             elif isinstance(msg, SchedulerStats):
                 self.stats = msg
+                self.stats_received_at = time.monotonic()
                 for listener in self.listeners:
                     listener.on_stats(msg)
 

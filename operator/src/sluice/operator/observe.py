@@ -1,0 +1,58 @@
+"""Reading what the status needs beyond the applied children: the ReplicaSet that runs the
+Deployment's current pod template, and that ReplicaSet's pods.
+
+The current ReplicaSet is the one the Deployment controls whose pod template is the
+Deployment's (the controller adds only the `pod-template-hash` label): exact whatever the
+revision numbers, and None while the controller has not created it yet.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import constants as c
+from .builders.common import selector_labels
+from .kube import PODS, REPLICASETS, KubeApi
+
+
+def _template_without_hash(template: Mapping[str, Any]) -> dict[str, Any]:
+    result = copy.deepcopy(dict(template))
+    labels = (result.get("metadata") or {}).get("labels")
+    if isinstance(labels, dict):
+        labels.pop(c.LABEL_POD_TEMPLATE_HASH, None)
+    return result
+
+
+def current_replica_set(
+    deployment: Mapping[str, Any], replica_sets: Sequence[Mapping[str, Any]]
+) -> Mapping[str, Any] | None:
+    uid = (deployment.get("metadata") or {}).get("uid")
+    wanted = _template_without_hash((deployment.get("spec") or {}).get("template") or {})
+    for rs in replica_sets:
+        refs = (rs.get("metadata") or {}).get("ownerReferences") or []
+        if not any(ref.get("uid") == uid and ref.get("controller") for ref in refs):
+            continue
+        template = (rs.get("spec") or {}).get("template") or {}
+        if _template_without_hash(template) == wanted:
+            return rs
+    return None
+
+
+async def read_pods(
+    api: KubeApi, deployment: Mapping[str, Any], name: str
+) -> tuple[Mapping[str, Any] | None, tuple[Mapping[str, Any], ...]]:
+    """(current ReplicaSet, its pods); (None, ()) before the controller made it."""
+    namespace = deployment["metadata"]["namespace"]
+    selector = selector_labels(name)
+    replica_set = current_replica_set(deployment, await api.list(REPLICASETS, namespace, selector))
+    if replica_set is None:
+        return None, ()
+    template_hash = ((replica_set.get("metadata") or {}).get("labels") or {}).get(
+        c.LABEL_POD_TEMPLATE_HASH
+    )
+    if not template_hash:
+        return replica_set, ()
+    pods = await api.list(PODS, namespace, {**selector, c.LABEL_POD_TEMPLATE_HASH: template_hash})
+    return replica_set, tuple(pods)

@@ -1,0 +1,41 @@
+"""Which existing objects block a reconcile (children.check_ownership, pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.operator.children import Blocked, check_ownership, plan
+
+OWNER = {"metadata": {"name": "chat", "namespace": "ml", "uid": "new-uid"}}
+
+
+def child(uid: str | None, name: str = "chat") -> dict:
+    refs = [] if uid is None else [
+        {"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceService", "name": name,
+         "uid": uid, "controller": True}
+    ]  # fmt: skip
+    return {"metadata": {"name": "chat", "ownerReferences": refs}}
+
+
+def test_our_children_block_nothing(make_spec):
+    check_ownership(plan(make_spec(), podmonitors=None), {"Deployment": child("new-uid")}, OWNER)
+
+
+def test_an_object_nobody_owns_is_a_name_conflict(make_spec):
+    with pytest.raises(Blocked) as blocked:
+        check_ownership(plan(make_spec(), podmonitors=None), {"Service": child(None)}, OWNER)
+    assert blocked.value.reason == "NameConflict"
+    assert "Service ml/chat exists and is not owned" in str(blocked.value)
+
+
+def test_a_deleted_predecessors_child_is_waited_for(make_spec):
+    with pytest.raises(Blocked) as blocked:
+        check_ownership(
+            plan(make_spec(), podmonitors=None), {"Deployment": child("old-uid")}, OWNER
+        )
+    assert blocked.value.reason == "WaitingForGarbageCollection"
+
+
+def test_someone_elses_object_of_a_kind_we_would_remove_is_left_alone(make_spec):
+    the_plan = plan(make_spec(), podmonitors=None)  # autoscaling off: the HPA kind is removed
+    check_ownership(the_plan, {"HorizontalPodAutoscaler": child(None)}, OWNER)
