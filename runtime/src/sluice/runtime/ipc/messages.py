@@ -14,9 +14,42 @@ from sluice.runtime.ipc.codec import register
 
 
 @register
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's output must match (constrained decoding). Built and validated by the
+    API layer (`entrypoints/constraints.py`); compiled in the scheduler process by
+    `sluice.runtime.constrained.GrammarCompiler`, which caches per (kind, spec, strict).
+
+    kind: one of `sluice.runtime.constrained.CONSTRAINT_KINDS`:
+      "json_schema" (spec: the schema as JSON text), "json_object" (spec: ""; any JSON
+      object), "regex" (spec: the pattern), "choice" (spec: a JSON list of strings; the
+      output is exactly one of them), "ebnf" (spec: an xgrammar/GBNF grammar, rule `root`),
+      "lark" (spec: a Lark grammar, rule `start`).
+    strict: json_schema only: True forbids properties and array items the schema does not
+      declare (OpenAI's `strict`); False follows JSON Schema literally (unlisted properties
+      allowed unless `additionalProperties: false`).
+    """
+
+    kind: str
+    spec: str
+    strict: bool = True
+
+
+@register
 @dataclass
 class SamplingParams:
-    """Per-request sampling and stopping. Validated by the API layer before it is sent."""
+    """Per-request sampling and stopping. Validated by the API layer before it is sent.
+
+    The fields after `logprobs` are set by the API and wired by the scheduler and sampler:
+    - `constraint`: constrained decoding (None: unconstrained); see `Constraint`.
+    - `return_logprob`: SGLang's name; the API sets `logprobs` and this together.
+    - `top_logprobs_num`: top-k alternatives per output position (0: only the chosen
+      token's logprob when `logprobs`), k <= `--max-top-logprobs`.
+    - `logprob_start_len`: prompt logprobs from this prompt position on (-1: none; SGLang).
+    - `priority`: lower is served first under `--schedule-policy priority` (vLLM); 0 default.
+    - `spaces_between_special_tokens`: a detokenizer option (passed through
+      `BatchTokenIDOut.spaces_between_special_tokens`).
+    """
 
     max_new_tokens: int = 128
     min_new_tokens: int = 0
@@ -33,6 +66,12 @@ class SamplingParams:
     seed: int | None = None
     skip_special_tokens: bool = True
     logprobs: bool = False
+    constraint: Constraint | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    priority: int = 0
+    spaces_between_special_tokens: bool = True
 
     @property
     def is_greedy(self) -> bool:
@@ -79,6 +118,8 @@ class BatchTokenIDOut:
     logprobs: list[list[float]]
     skip_special_tokens: list[bool]
     stop_strings: list[list[str]]
+    # per request, like skip_special_tokens; empty (not filled by the scheduler yet): all True
+    spaces_between_special_tokens: list[bool] = field(default_factory=list)
 
 
 @register
@@ -131,3 +172,6 @@ class SchedulerReady:
     device: str
     dtype: str
     attention_backend: str
+    # what the scheduler implements beyond plain sampling; the API refuses a request that
+    # needs a feature not listed (names in `sluice.runtime.entrypoints.features`)
+    features: list[str] = field(default_factory=list)
