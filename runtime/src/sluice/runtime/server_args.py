@@ -74,6 +74,12 @@ class ServerArgs:
         1, "GPUs one model replica is sharded over (this build runs 1; more is rejected)."
     )
     attention_backend: str = option("auto", "Attention implementation.", C.ATTENTION_BACKENDS)
+    tool_call_parser: str = option(
+        "", "How tool calls are read from the output for tool_choice auto "
+        "(hermes, qwen25, llama3_json; empty: auto tool choice is refused).",
+        ("", "hermes", "qwen25", "llama3_json"),
+    )
+    max_top_logprobs: int = option(20, "Largest top_logprobs / logprobs k a request may ask.")
     api_key: str = option("", f"Require this bearer token on the API (also ${C.ENV_API_KEY}).")
     random_seed: int = option(0, "Seed for requests that give none.")
     disable_warmup: bool = option(False, "Skip the warm-up generation before /health turns 200.")
@@ -109,6 +115,8 @@ class ServerArgs:
             problems.append("--max-total-tokens must be >= 0")
         if not 0.0 < self.mem_fraction_static < 1.0:
             problems.append("--mem-fraction-static must be in (0, 1)")
+        if not 0 <= self.max_top_logprobs <= 100:
+            problems.append("--max-top-logprobs must be in [0, 100]")
         if self.tensor_parallel_size != 1:
             problems.append(
                 "--tensor-parallel-size > 1 is not supported by this build yet; "

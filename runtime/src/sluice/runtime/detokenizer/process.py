@@ -54,8 +54,12 @@ class DetokenizerManager:
                 continue
             state = self.states.get(rid)
             if state is None:
+                spaces = batch.spaces_between_special_tokens
                 state = IncrementalDetokenizer(
-                    self.tokenizer, batch.skip_special_tokens[i], batch.stop_strings[i]
+                    self.tokenizer,
+                    batch.skip_special_tokens[i],
+                    batch.stop_strings[i],
+                    spaces_between_special_tokens=spaces[i] if spaces else True,
                 )
                 self.states[rid] = state
             scheduler_stop = finish.matched_str if finish is not None else None
@@ -76,6 +80,11 @@ class DetokenizerManager:
             out.completion_tokens.append(batch.completion_tokens[i])
             out.cached_tokens.append(batch.cached_tokens[i])
             out.logprobs.append(batch.logprobs[i])
+            if batch.top_logprob_ids:
+                out.top_logprob_ids.append(batch.top_logprob_ids[i])
+                out.top_logprob_values.append(batch.top_logprob_values[i])
+            if batch.input_token_logprobs:
+                out.input_token_logprobs.append(batch.input_token_logprobs[i])
         return out, to_abort
 
     def _remember_stopped(self, rid: str) -> None:

@@ -33,6 +33,10 @@ from sluice.runtime.ipc.sockets import PortArgs, push_socket, recv_async, send
 logger = logging.getLogger("sluice.tokenizer_manager")
 
 
+# the message of a request ended through POST /abort_request (reported in band, not an error)
+ABORTED_BY_REQUEST = "aborted through /abort_request"
+
+
 @dataclass
 class GenerateChunk:
     """One update for one request."""
@@ -44,6 +48,10 @@ class GenerateChunk:
     completion_tokens: int
     cached_tokens: int
     logprobs: list[float]
+    # per new token: the k best (token id, logprob), best first (top_logprobs_num > 0)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # prompt logprobs (logprob_start_len >= 0), in the first update only
+    input_logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -51,6 +59,7 @@ class _ReqState:
     queue: asyncio.Queue[GenerateChunk] = field(default_factory=asyncio.Queue)
     created: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    abort_requested: bool = False
 
 
 class TokenizerManager:
@@ -65,6 +74,7 @@ class TokenizerManager:
         self.served_model_name = served_model_name
         self.ready_info = ready
         self.context_len = ready.context_len
+        self.features = frozenset(ready.features)
         self.is_ready = False
         self.draining = False
         self.stats = SchedulerStats(max_total_tokens=ready.max_total_tokens)
@@ -143,6 +153,22 @@ class TokenizerManager:
                     if hasattr(listener, "on_abort"):
                         listener.on_abort(rid, state)
 
+    def abort(self, rid: str) -> list[str]:
+        """POST /abort_request: end request `rid` and its n>1 choices (`rid-0`, ...); their
+        generators then finish with an in-band abort. Returns the rids aborted."""
+        rids = [r for r in self._states if r == rid or _is_choice_of(r, rid)]
+        return self._abort(rids)
+
+    def abort_all(self) -> list[str]:
+        return self._abort([r for r in self._states if r != "warmup"])
+
+    def _abort(self, rids: list[str]) -> list[str]:
+        for rid in rids:
+            self._states[rid].abort_requested = True
+            logger.info("request aborted rid=%s reason=abort-request", rid)
+            send(self._to_scheduler, AbortReq(rid))
+        return rids
+
     async def _receive_loop(self) -> None:
         while True:
             msg = await recv_async(self._from_detokenizer)
@@ -158,14 +184,19 @@ class TokenizerManager:
             state = self._states.get(rid)
             if state is None:  # aborted: the client is gone
                 continue
+            finished = out.finished[i]
+            if state.abort_requested and finished is not None and finished.kind == "abort":
+                finished = FinishReason("abort", message=ABORTED_BY_REQUEST)
             chunk = GenerateChunk(
                 text=out.text_deltas[i],
                 token_ids=out.new_token_ids[i],
-                finished=out.finished[i],
+                finished=finished,
                 prompt_tokens=out.prompt_tokens[i],
                 completion_tokens=out.completion_tokens[i],
                 cached_tokens=out.cached_tokens[i],
                 logprobs=out.logprobs[i],
+                top_logprobs=_top_pairs(out, i),
+                input_logprobs=out.input_token_logprobs[i] if out.input_token_logprobs else [],
             )
             for listener in self.listeners:
                 listener.on_chunk(rid, chunk, state)
@@ -176,3 +207,17 @@ class TokenizerManager:
             self._loop_task.cancel()
         self._ctx.destroy(linger=0)
         self._sync_ctx.destroy(linger=0)
+
+
+def _is_choice_of(rid: str, parent: str) -> bool:
+    head, sep, tail = rid.rpartition("-")
+    return bool(sep) and head == parent and tail.isdigit()
+
+
+def _top_pairs(out: BatchStrOut, i: int) -> list[list[tuple[int, float]]]:
+    if not out.top_logprob_ids:
+        return []
+    return [
+        list(zip(ids, values, strict=True))
+        for ids, values in zip(out.top_logprob_ids[i], out.top_logprob_values[i], strict=True)
+    ]

@@ -120,6 +120,13 @@ class BatchTokenIDOut:
     stop_strings: list[list[str]]
     # per request, like skip_special_tokens; empty (not filled by the scheduler yet): all True
     spaces_between_special_tokens: list[bool] = field(default_factory=list)
+    # top-k logprobs, per request and new token: the k best ids and their logprobs (best
+    # first); empty lists when not asked. Passed through to BatchStrOut unchanged.
+    top_logprob_ids: list[list[list[int]]] = field(default_factory=list)
+    top_logprob_values: list[list[list[float]]] = field(default_factory=list)
+    # prompt logprobs from logprob_start_len on (one per prompt token after the first),
+    # sent once, in a request's first update; empty otherwise
+    input_token_logprobs: list[list[float]] = field(default_factory=list)
 
 
 @register
@@ -135,6 +142,9 @@ class BatchStrOut:
     completion_tokens: list[int]
     cached_tokens: list[int]
     logprobs: list[list[float]]
+    top_logprob_ids: list[list[list[int]]] = field(default_factory=list)
+    top_logprob_values: list[list[list[float]]] = field(default_factory=list)
+    input_token_logprobs: list[list[float]] = field(default_factory=list)
 
 
 @register
