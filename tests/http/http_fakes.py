@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.runtime.entrypoints.tokenizer_manager import GenerateChunk
+from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST, GenerateChunk
 from sluice.runtime.ipc.messages import FinishReason
 
 MODEL = "tiny-chat"
@@ -16,7 +16,10 @@ REPLY = ["Hello", " world", "!"]
 @dataclass
 class FakeTM:
     """Replies REPLY one piece per chunk (cut short at max_new_tokens, with 'length');
-    records every request, and the rids closed before they finished (aborted)."""
+    records every request, and the rids closed before they finished (aborted).
+
+    `reply_ids`: token ids per piece (default 10, 11, ...); `top_logprobs`: when asked for,
+    the top list per piece (hand-made); `abort(rid)` ends a hanging request in band."""
 
     tokenizer: Any
     served_model_name: str = MODEL
@@ -30,6 +33,26 @@ class FakeTM:
     cached_tokens: int = 3
     requests: list[tuple[list[int], Any, str]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
+    features: frozenset[str] = frozenset()
+    reply_ids: list[list[int]] | None = None
+    logprob_values: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    input_logprobs: list[float] | None = None
+    live: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def abort(self, rid):
+        hit = [r for r in self.live if r == rid or r.startswith(f"{rid}-")]
+        for r in hit:
+            self.live[r].set()
+        return hit
+
+    def abort_all(self):
+        return self.abort_prefix()
+
+    def abort_prefix(self):
+        for e in self.live.values():
+            e.set()
+        return list(self.live)
 
     def server_info(self) -> dict[str, Any]:
         return {"context_len": self.context_len, "inflight_requests": 0}
@@ -41,23 +64,35 @@ class FakeTM:
         pieces = self.reply[: sampling.max_new_tokens]
         finish = self.finish if len(pieces) == len(self.reply) else FinishReason("length")
         done = False
+        stop = self.live[rid] = asyncio.Event()
         try:
             for i, text in enumerate(pieces):
                 await asyncio.sleep(0)
                 last = i == len(pieces) - 1 and not self.hang
                 done = last
+                ids = self.reply_ids[i] if self.reply_ids else [10 + i]
+                lp = self.logprob_values[i] if self.logprob_values else -0.5
+                k = sampling.top_logprobs_num
                 yield GenerateChunk(
                     text=text,
-                    token_ids=[10 + i],
+                    token_ids=ids,
                     finished=finish if last else None,
                     prompt_tokens=len(input_ids),
                     completion_tokens=i + 1,
                     cached_tokens=self.cached_tokens,
-                    logprobs=[-0.5] if sampling.logprobs else [],
+                    logprobs=[lp] * len(ids) if sampling.logprobs else [],
+                    top_logprobs=[self.top_logprobs[i][:k]] if k and self.top_logprobs else [],
+                    input_logprobs=(self.input_logprobs or [])
+                    if i == 0 and sampling.logprob_start_len >= 0
+                    else [],
                 )
             if self.hang:
-                await asyncio.Event().wait()
+                await stop.wait()
+                done = True
+                yield GenerateChunk("", [], FinishReason("abort", message=ABORTED_BY_REQUEST),
+                                    len(input_ids), len(pieces), 0, [])
         finally:
+            self.live.pop(rid, None)
             if not done:
                 self.aborted.append(rid)
 

@@ -90,10 +90,6 @@ def test_token_ids_outside_the_vocabulary_are_a_400(client, tm, tokenizer):
     assert tm.requests == []
 
 
-def test_several_prompts_in_one_request_are_a_400(client):
-    assert_error(client.post("/v1/completions", json={"prompt": ["a", "b"]}), 400, param="prompt")
-
-
 def test_an_empty_token_prompt_is_a_400(client):
     assert_error(client.post("/v1/completions", json={"prompt": []}), 400, param="prompt")
 

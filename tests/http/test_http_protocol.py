@@ -4,6 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from sluice.runtime.entrypoints import openai_protocol as P
+from sluice.runtime.entrypoints import request_params as Q
 from sluice.runtime.ipc.messages import FinishReason, SamplingParams
 
 
@@ -35,7 +36,7 @@ def test_openai_and_extra_fields_map_onto_sampling_params():
         skip_special_tokens=False,
         logprobs=True,
     )
-    assert P.to_sampling_params(req, prompt_len=10, context_len=100) == SamplingParams(
+    assert Q.to_sampling_params(req, prompt_len=10, context_len=100) == SamplingParams(
         max_new_tokens=7,
         min_new_tokens=2,
         temperature=0.5,
@@ -51,11 +52,12 @@ def test_openai_and_extra_fields_map_onto_sampling_params():
         seed=42,
         skip_special_tokens=False,
         logprobs=True,
+        return_logprob=True,
     )
 
 
 def test_defaults_are_openais():
-    p = P.to_sampling_params(chat(), prompt_len=10, context_len=100)
+    p = Q.to_sampling_params(chat(), prompt_len=10, context_len=100)
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty) == (
         1.0,
         1.0,
@@ -67,20 +69,20 @@ def test_defaults_are_openais():
 
 
 def test_chat_without_max_tokens_may_use_the_rest_of_the_context():
-    assert P.to_sampling_params(chat(), prompt_len=30, context_len=100).max_new_tokens == 70
+    assert Q.to_sampling_params(chat(), prompt_len=30, context_len=100).max_new_tokens == 70
 
 
 def test_completions_without_max_tokens_default_to_16():
-    assert P.to_sampling_params(completion(), prompt_len=30, context_len=100).max_new_tokens == 16
+    assert Q.to_sampling_params(completion(), prompt_len=30, context_len=100).max_new_tokens == 16
 
 
 def test_max_completion_tokens_wins_over_max_tokens():
     req = chat(max_tokens=50, max_completion_tokens=5)
-    assert P.to_sampling_params(req, 10, 100).max_new_tokens == 5
+    assert Q.to_sampling_params(req, 10, 100).max_new_tokens == 5
 
 
 def test_a_tiny_temperature_means_greedy_and_top_k_zero_means_off():
-    p = P.to_sampling_params(chat(temperature=1e-7, top_k=0), 10, 100)
+    p = Q.to_sampling_params(chat(temperature=1e-7, top_k=0), 10, 100)
     assert p.temperature == 0.0 and p.top_k == -1 and p.is_greedy
 
 
@@ -90,16 +92,14 @@ def test_stop_is_a_string_or_a_list_and_empty_strings_are_dropped():
     assert chat(stop=None).stop == []
 
 
-def test_a_prompt_is_text_or_token_ids_and_a_singleton_list_is_unwrapped():
-    assert completion(prompt="hi").prompt == "hi"
-    assert completion(prompt=[1, 2]).prompt == [1, 2]
-    assert completion(prompt=["hi"]).prompt == "hi"
-    assert completion(prompt=[[3, 4]]).prompt == [3, 4]
-
-
-def test_several_prompts_are_refused():
-    with pytest.raises(ValidationError, match="2 prompts is not supported"):
-        completion(prompt=["a", "b"])
+def test_a_prompt_is_text_or_token_ids_or_a_list_of_those():
+    assert completion(prompt="hi").prompt == ["hi"]
+    assert completion(prompt=[1, 2]).prompt == [[1, 2]]
+    assert completion(prompt=["hi", "yo"]).prompt == ["hi", "yo"]
+    assert completion(prompt=[[3, 4], [5]]).prompt == [[3, 4], [5]]
+    for bad in ([], [[]], [1, "a"], [["a"]], 5):
+        with pytest.raises(ValidationError):
+            completion(prompt=bad)
 
 
 @pytest.mark.parametrize(
@@ -144,14 +144,17 @@ def test_validation_errors_name_the_field():
     assert "temperature" in err.body()["error"]["message"]
 
 
-def test_unknown_fields_are_ignored():
-    req = chat(frobnicate=True, user="u1")
-    assert req.ignored_fields == ["frobnicate"]
+def test_unknown_fields_are_refused_and_no_effect_fields_accepted():
+    assert chat(user="u1", metadata={"a": "b"}, store=False).unsupported() is None
+    err = chat(frobnicate=True).unsupported()
+    assert err.param == "frobnicate" and "Unrecognized request argument" in err.message
+    assert chat(use_beam_search=False, length_penalty=1.0).unsupported() is None
+    assert chat(use_beam_search=True).unsupported().param == "use_beam_search"
 
 
 def test_prompt_plus_max_tokens_beyond_the_context_is_refused():
     with pytest.raises(P.ProtocolError) as info:
-        P.to_sampling_params(chat(max_tokens=91), prompt_len=10, context_len=100)
+        Q.to_sampling_params(chat(max_tokens=91), prompt_len=10, context_len=100)
     assert info.value.code == "context_length_exceeded"
     assert "maximum context length is 100 tokens" in info.value.message
     assert "101 tokens (10 in the messages, 91 in the completion)" in info.value.message
@@ -159,12 +162,12 @@ def test_prompt_plus_max_tokens_beyond_the_context_is_refused():
 
 def test_a_prompt_that_fills_the_context_is_refused():
     with pytest.raises(P.ProtocolError, match="maximum context length"):
-        P.to_sampling_params(chat(), prompt_len=100, context_len=100)
+        Q.to_sampling_params(chat(), prompt_len=100, context_len=100)
 
 
 def test_min_tokens_above_max_tokens_is_refused():
     with pytest.raises(P.ProtocolError, match="min_tokens"):
-        P.to_sampling_params(chat(max_tokens=3, min_tokens=4), 10, 100)
+        Q.to_sampling_params(chat(max_tokens=3, min_tokens=4), 10, 100)
 
 
 def test_stream_options_need_stream():
@@ -179,33 +182,34 @@ def test_top_logprobs_need_logprobs():
 
 
 def test_n_choices_get_consecutive_seeds():
-    params = P.to_sampling_params(chat(seed=7), 10, 100)
-    assert [p.seed for p in P.per_choice_params(params, 3, base_seed=99)] == [7, 8, 9]
-    unseeded = P.to_sampling_params(chat(), 10, 100)
-    assert [p.seed for p in P.per_choice_params(unseeded, 2, base_seed=99)] == [99, 100]
-    assert P.per_choice_params(unseeded, 1, base_seed=99)[0].seed is None
+    params = Q.to_sampling_params(chat(seed=7), 10, 100)
+    assert [p.seed for p in Q.per_choice_params(params, 3, base_seed=99)] == [7, 8, 9]
+    unseeded = Q.to_sampling_params(chat(), 10, 100)
+    assert [p.seed for p in Q.per_choice_params(unseeded, 2, base_seed=99)] == [99, 100]
+    assert Q.per_choice_params(unseeded, 1, base_seed=99)[0].seed is None
 
 
 def test_derived_seeds_wrap_within_int64():
-    params = P.to_sampling_params(chat(seed=P.SEED_MAX), 10, 100)
-    assert [p.seed for p in P.per_choice_params(params, 2, 0)] == [P.SEED_MAX, P.SEED_MIN]
+    params = Q.to_sampling_params(chat(seed=P.SEED_MAX), 10, 100)
+    assert [p.seed for p in Q.per_choice_params(params, 2, 0)] == [P.SEED_MAX, P.SEED_MIN]
 
 
 def test_finish_reasons_map_to_openais():
-    assert P.finish_reason(None) is None
-    assert P.finish_reason(FinishReason("stop", matched_token=2)) == "stop"
-    assert P.finish_reason(FinishReason("length")) == "length"
-    assert P.finish_reason(FinishReason("abort", message="x")) == "abort"
-    assert P.stop_reason(FinishReason("stop", matched_str="###")) == "###"
+    assert Q.finish_reason(None) is None
+    assert Q.finish_reason(FinishReason("stop", matched_token=2)) == "stop"
+    assert Q.finish_reason(FinishReason("length")) == "length"
+    assert Q.finish_reason(FinishReason("abort", message="x")) == "abort"
+    assert Q.stop_reason(FinishReason("stop", matched_str="###")) == "###"
 
 
 def test_native_generate_params_use_sglang_names_and_default_to_128_tokens():
     req = P.GenerateRequest.model_validate(
         {"text": "hi", "sampling_params": {"temperature": 0, "stop": "x", "min_new_tokens": 1}}
     )
-    p = P.native_sampling_params(req, prompt_len=10, context_len=1000)
+    (sp,) = req.sampling_params
+    p = Q.native_sampling_params(req, sp, prompt_len=10, context_len=1000)
     assert (p.max_new_tokens, p.temperature, p.stop, p.min_new_tokens) == (128, 0.0, ["x"], 1)
-    assert P.native_sampling_params(req, prompt_len=10, context_len=50).max_new_tokens == 40
+    assert Q.native_sampling_params(req, sp, prompt_len=10, context_len=50).max_new_tokens == 40
 
 
 def test_null_fields_take_their_defaults():
@@ -217,3 +221,7 @@ def test_null_fields_take_their_defaults():
         [],
         None,
     )
+
+
+def test_top_logprobs_default_to_zero():
+    assert chat(logprobs=True).top_logprobs_num() == 0

@@ -293,3 +293,38 @@ def test_server_info_hides_the_api_key(server):
     info = server.info()
     assert info["model"].endswith(MODEL) and "api_key" not in info
     assert API_KEY not in str(info)
+
+
+# --- the wider OpenAI surface -----------------------------------------------------------------
+def test_a_batched_prompt_gives_each_prompt_its_own_greedy_completion(client):
+    prompts = ["Once upon a time", "The quick brown fox"]
+    kwargs = dict(model=MODEL, max_tokens=5, **GREEDY, **NO_EOS)
+    batch = client.completions.create(prompt=prompts, n=2, **kwargs)
+    singles = [client.completions.create(prompt=p, **kwargs).choices[0].text for p in prompts]
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert [c.text for c in batch.choices] == [singles[0]] * 2 + [singles[1]] * 2
+    assert batch.usage.completion_tokens == 20
+
+
+def test_a_refused_field_is_a_400_naming_it(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2, extra_body={"use_beam_search": True}
+        )
+    assert _error(info.value)["param"] == "use_beam_search"
+
+
+def test_abort_request_ends_a_streaming_request_in_band(server, client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=CONTEXT - 64, stream=True,
+        extra_body={"ignore_eos": True, "rid": "to-abort"},
+    )  # fmt: skip
+    finishes = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content and not finishes:
+            r = httpx.post(f"{server.url}/abort_request", json={"rid": "to-abort"}, headers=AUTH)
+            assert r.json() == {"aborted": ["to-abort"]}
+            finishes.append(None)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finishes.append(chunk.choices[0].finish_reason)
+    assert finishes[-1] == "abort"

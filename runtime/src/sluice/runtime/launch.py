@@ -21,7 +21,7 @@ import uvicorn
 from sluice.runtime import constants as C
 from sluice.runtime.detokenizer.process import run_detokenizer_process
 from sluice.runtime.entrypoints.http_server import build_app
-from sluice.runtime.entrypoints.tokenizer_manager import TokenizerManager
+from sluice.runtime.entrypoints.tokenizer_manager import WARMUP_RID, TokenizerManager
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerReady
 from sluice.runtime.ipc.sockets import PortArgs
 from sluice.runtime.metrics import MetricsCollector
@@ -129,7 +129,7 @@ async def warm_up(tm: TokenizerManager) -> None:
     """One short generation through every process, before /health reports ready."""
     ids = tm.tokenizer.encode("Hello")
     params = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
-    async for _ in tm.generate(ids, params, rid="warmup"):
+    async for _ in tm.generate(ids, params, rid=WARMUP_RID):
         pass
 
 

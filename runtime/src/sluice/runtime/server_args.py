@@ -91,6 +91,12 @@ class ServerArgs:
         "16, 24, ...; GPU, triton and flashinfer backends)."
     )
     disable_cuda_graph: bool = option(False, "Run decode eagerly: capture no CUDA graphs.")
+    tool_call_parser: str = option(
+        "", "How tool calls are read from the output for tool_choice auto "
+        "(hermes, qwen25, llama3_json; empty: auto tool choice is refused).",
+        ("", "hermes", "qwen25", "llama3_json"),
+    )
+    max_top_logprobs: int = option(20, "Largest top_logprobs / logprobs k a request may ask.")
     api_key: str = option("", f"Require this bearer token on the API (also ${C.ENV_API_KEY}).")
     random_seed: int = option(
         -1, "Seed of the seeds drawn for requests that give none (-1: fresh randomness at each "
@@ -159,6 +165,8 @@ class ServerArgs:
         ):
             if not value > 0:
                 problems.append(f"{flag} must be > 0")
+        if not 0 <= self.max_top_logprobs <= 100:
+            problems.append("--max-top-logprobs must be in [0, 100]")
         if self.tensor_parallel_size != 1:
             problems.append(
                 "--tensor-parallel-size > 1 is not supported by this build yet; "

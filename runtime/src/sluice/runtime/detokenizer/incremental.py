@@ -11,6 +11,10 @@ next token completes it. When the request finishes, the whole output is decoded 
 the deltas add up to `tokenizer.decode(all_ids)` whenever the tokenizer's decoding is
 prefix-stable.
 
+`spaces_between_special_tokens=False` (vLLM) writes each added token (special or not) as
+its raw content, so the tokenizer's decoder puts no space around it; True (the default)
+is the tokenizer's own decoding.
+
 Stop strings (OpenAI semantics): the text is cut before the first stop string, which is not
 included; a tail that could still grow into a stop string is held back, so no delta ever
 contains text past a stop string.
@@ -42,9 +46,16 @@ class IncrementalDetokenizer:
         tokenizer: Any,
         skip_special_tokens: bool = True,
         stop_strings: Iterable[str] = (),
+        spaces_between_special_tokens: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
+        self._added: dict[int, str] = {}
+        self._special: set[int] = set()
+        if not spaces_between_special_tokens:
+            self._added = {i: t for t, i in tokenizer.get_added_vocab().items()}
+            self._special = set(tokenizer.all_special_ids)
         self.stop_strings = [s for s in dict.fromkeys(stop_strings) if s]
         self._max_stop_len = max((len(s) for s in self.stop_strings), default=0)
         self.ids: list[int] = []
@@ -101,7 +112,21 @@ class IncrementalDetokenizer:
 
     # --- decoding -------------------------------------------------------------------------
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        if not self._added:
+            return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        parts, run = [], []
+        for t in ids:
+            if t not in self._added:
+                run.append(t)
+                continue
+            if run:
+                parts.append(self.tokenizer.decode(run, skip_special_tokens=self.skip_special_tokens))
+                run = []
+            if not (self.skip_special_tokens and t in self._special):
+                parts.append(self._added[t])
+        if run:
+            parts.append(self.tokenizer.decode(run, skip_special_tokens=self.skip_special_tokens))
+        return "".join(parts)
 
     def _decode_window(self) -> None:
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])

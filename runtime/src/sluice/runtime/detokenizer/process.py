@@ -66,6 +66,9 @@ class DetokenizerManager:
                     self.tokenizer,
                     params.skip_special_tokens if params else True,
                     params.stop if params else (),
+                    spaces_between_special_tokens=(
+                        params.spaces_between_special_tokens if params else True
+                    ),
                 )
                 self.states[u.rid] = state
             scheduler_stop = finish.matched_str if finish is not None else None
@@ -82,9 +85,13 @@ class DetokenizerManager:
                 ids, logprobs = ids[:kept], logprobs[:kept]
             if finish is not None:
                 self.states.pop(u.rid, None)
+            kept_top = len(ids)
             out.updates.append(
-                TextUpdate(u.rid, delta.text, ids, logprobs, finish, u.prompt_tokens, completion,
-                           u.cached_tokens)  # fmt: skip
+                TextUpdate(
+                    u.rid, delta.text, ids, logprobs, finish, u.prompt_tokens, completion,
+                    u.cached_tokens, u.top_logprob_ids[:kept_top], u.top_logprob_values[:kept_top],
+                    u.input_token_logprobs,
+                )  # fmt: skip
             )
         return out, stops
 

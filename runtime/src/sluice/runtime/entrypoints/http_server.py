@@ -1,7 +1,7 @@
 """The HTTP API: OpenAI's /v1 routes, the native /generate, /health and /server_info.
 
 `build_app(tm, args)` returns the FastAPI app. Handlers are thin: parse and validate the
-body (`openai_protocol`), tokenize, start one `tm.generate` per choice, then either collect
+body (`openai_protocol`), tokenize, start one `tm.generate` per choice (prompts x n), then either collect
 the chunks into one response or stream them as server-sent events (`data: {...}` lines,
 ending with `data: [DONE]`).
 
@@ -30,8 +30,12 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice.runtime import constants as C
+from sluice.runtime.entrypoints import logprobs as L
 from sluice.runtime.entrypoints import openai_protocol as P
 from sluice.runtime.entrypoints import openai_responses as R
+from sluice.runtime.entrypoints import request_params as Q
+from sluice.runtime.entrypoints import tools as TL
+from sluice.runtime.entrypoints.constraints import ConstraintError, request_constraint
 from sluice.runtime.entrypoints.streaming import (
     SSE_DONE,
     ChatEvents,
@@ -47,7 +51,8 @@ from sluice.runtime.entrypoints.streaming import (
     sse_event,
     unless_disconnected,
 )
-from sluice.runtime.ipc.messages import SamplingParams
+from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST
+from sluice.runtime.ipc.messages import Constraint, FinishReason, SamplingParams
 from sluice.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sluice.http")
@@ -56,11 +61,46 @@ OPEN_PATHS = frozenset({C.HEALTH_PATH, C.LIVE_PATH, C.METRICS_PATH})  # no API k
 T = TypeVar("T")
 
 
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One generation: a prompt's ids, its params, its rid, and its choice index."""
+
+    ids: list[int]
+    params: SamplingParams
+    rid: str
+
+
+def _fan_out(prompts: list[list[int]], params: list[SamplingParams], ns: list[int],
+             rid: str, rids: list[str] | None = None) -> list[Job]:
+    """Prompt-major jobs (choice index = prompt * n + j, as OpenAI indexes them); n > 1
+    choices get seeds `seed + j` and rids `<rid>-<j>`."""
+    jobs = []
+    total = sum(ns)
+    for i, (ids, p, n) in enumerate(zip(prompts, params, ns, strict=True)):
+        base = rids[i] if rids else (rid if len(prompts) == 1 else f"{rid}-p{i}")
+        for j, q in enumerate(Q.per_choice_params(p, n, random.getrandbits(63))):
+            job_rid = base if n == 1 else f"{base}-{j}"
+            if total == 1:
+                job_rid = base
+            jobs.append(Job(ids, q, job_rid))
+    return jobs
+
+
 class _Server:
     def __init__(self, tm: Any, args: ServerArgs) -> None:
         self.tm = tm
         self.args = args
         self.created = int(time.time())
+        self._token_bytes: L.TokenBytes | None = None
+
+    @property
+    def caps(self) -> Q.Capabilities:
+        return Q.capabilities_of(self.tm, self.args)
+
+    def token_bytes(self) -> L.TokenBytes:
+        if self._token_bytes is None:
+            self._token_bytes = L.TokenBytes.of(self.tm.tokenizer)
+        return self._token_bytes
 
     # --- steps every generation route takes -------------------------------------------------
     async def parse(self, request: Request, model: type[T]) -> T:
@@ -74,9 +114,10 @@ class _Server:
             req = model.model_validate(data)  # type: ignore[attr-defined]
         except ValidationError as exc:
             raise P.from_validation_error(exc) from exc
+        problem = req.unsupported()
+        if problem is not None:
+            raise problem
         req.check()
-        if req.ignored_fields:
-            logger.debug("ignored request fields %s", ",".join(req.ignored_fields))
         if self.tm.draining:
             raise P.ProtocolError(
                 "The server is shutting down.", status=503, type="server_error", code="draining"
@@ -88,26 +129,25 @@ class _Server:
             raise P.model_not_found(model or "")
         return model or self.tm.served_model_name
 
-    def encode(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
+    def encode(
+        self, prompt: str | list[int], add_special_tokens: bool = True, param: str = "prompt"
+    ) -> list[int]:
         if isinstance(prompt, str):
             return self.tm.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        P.check_token_ids(prompt, len(self.tm.tokenizer))
-        return prompt
+        Q.check_token_ids(prompt, len(self.tm.tokenizer), param)
+        return list(prompt)
 
-    def token_strings(self, ids: list[int]) -> list[str]:
-        return [self.tm.tokenizer.decode([t]) for t in ids]
+    def constraint(self, req: Any, prefix: str = "") -> tuple[str, Constraint] | None:
+        try:
+            return request_constraint(req, prefix)
+        except ConstraintError as exc:
+            raise P.ProtocolError(str(exc), param=exc.param, code="invalid_constraint") from exc
 
-    async def start(
-        self, ids: list[int], params: SamplingParams, n: int, rid: str
-    ) -> ChoiceStreams:
-        """Start n requests (seeds derived per choice). The generators run to their first
-        wait before this returns, so an up-front rejection (ValueError, raised before the
-        TokenizerManager's first await) is a 400 even for a stream."""
-        per_choice = P.per_choice_params(params, n, random.getrandbits(63))
-        rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
-        streams = ChoiceStreams(
-            [self.tm.generate(ids, p, r) for p, r in zip(per_choice, rids, strict=True)]
-        )
+    async def start(self, jobs: list[Job]) -> ChoiceStreams:
+        """Start every job. The generators run to their first wait before this returns, so
+        an up-front rejection (ValueError, raised before the TokenizerManager's first
+        await) is a 400 even for a stream."""
+        streams = ChoiceStreams([self.tm.generate(j.ids, j.params, j.rid) for j in jobs])
         await asyncio.sleep(0)
         if streams.first_error is not None:
             await streams.aclose()
@@ -134,7 +174,7 @@ class _Server:
         for c in choices:
             if c.last is None or c.last.finished is None:  # ended without a finish: lost
                 raise self.aborted(c.last)
-            if abort_is_error and c.last.finished.kind == "abort":
+            if abort_is_error and _server_abort(c.last.finished):
                 raise self.aborted(c.last)
         return choices
 
@@ -151,15 +191,16 @@ class _Server:
         n: int,
         include_usage: bool,
         abort_is_error: bool,
+        n_per_prompt: int = 1,
     ) -> AsyncIterator[str]:
-        """The SSE body: `fmt`'s events per chunk, then usage if asked, then [DONE]. An
-        abort or failure becomes an error event in OpenAI's shape."""
+        """The SSE body: `fmt`'s events per chunk, then usage if asked, then [DONE]. A
+        server-side abort or failure becomes an error event in OpenAI's shape."""
         finals: dict[int, Chunk] = {}
         try:
             for event in fmt.prelude():
                 yield event
             async for index, chunk in streams:
-                if abort_is_error and chunk.finished is not None and chunk.finished.kind == "abort":
+                if abort_is_error and _server_abort(chunk.finished):
                     yield sse_event(self.aborted(chunk).body())
                     break
                 for event in fmt.on_chunk(index, chunk):
@@ -168,7 +209,7 @@ class _Server:
                     finals[index] = chunk
             else:
                 if include_usage and len(finals) == n:
-                    yield fmt.usage(R.usage_of([finals[i] for i in range(n)]))
+                    yield fmt.usage(usage_of([finals[i] for i in range(n)], n_per_prompt))
         except Exception as exc:
             yield sse_event(as_protocol_error(exc).body())
         finally:
@@ -179,87 +220,220 @@ class _Server:
     async def completions(self, request: Request) -> Response:
         req = await self.parse(request, P.CompletionRequest)
         model = self.check_model(req.model)
-        ids = self.encode(req.prompt)
-        params = P.to_sampling_params(req, len(ids), self.tm.context_len)
-        echo = ""
+        constraint = self.constraint(req)
+        prompt_lp = "prompt_logprobs" if req.prompt_logprobs is not None else None
+        if req.echo and req.logprobs is not None:
+            raise P.not_supported_yet("echo", "echo with logprobs (prompt logprobs)")
+        Q.check_capabilities(
+            self.caps, constraint=constraint, top_logprobs=req.top_logprobs_num(),
+            top_param="logprobs", priority=req.priority, prompt_logprobs=prompt_lp,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
+        )  # fmt: skip
+        if prompt_lp:
+            raise P.not_supported_yet("prompt_logprobs", "vLLM's prompt_logprobs")
+        ctx = self.tm.context_len
+        prompts = [
+            Q.truncate_prompt(self.encode(p, req.add_special_tokens), req.truncate_prompt_tokens,
+                              req.truncation_side, ctx)
+            for p in req.prompt
+        ]  # fmt: skip
+        c = constraint[1] if constraint else None
+        params = [Q.to_sampling_params(req, len(ids), ctx, c) for ids in prompts]
+        rid = req.client_rid or f"cmpl-{uuid.uuid4().hex}"
+        jobs = _fan_out(prompts, params, [req.n] * len(prompts), rid)
+        echoes = [""] * len(jobs)
         if req.echo:
-            echo = req.prompt if isinstance(req.prompt, str) else self.tm.tokenizer.decode(ids)
-        rid = f"cmpl-{uuid.uuid4().hex}"
-        streams = await self.start(ids, params, req.n, rid)
+            texts = [p if isinstance(p, str) else self.tm.tokenizer.decode(p) for p in req.prompt]
+            echoes = [texts[k // req.n] for k in range(len(jobs))]
+        streams = await self.start(jobs)
+        tb = lambda: self.token_bytes().with_ids(req.return_tokens_as_token_ids)  # noqa: E731
         if req.stream:
-            fmt = CompletionEvents(rid, model, req.n, req.logprobs, echo, self.token_strings)
-            return SSEResponse(self.events(streams, fmt, req.n, req.include_usage, True))
-        collected = await self.collect(request, streams, req.n)
+            fmt = CompletionEvents(rid, model, len(jobs), req.logprobs, echoes, tb,
+                                   req.keep_stop_string, req.continuous_usage)  # fmt: skip
+            return SSEResponse(
+                self.events(streams, fmt, len(jobs), req.include_usage, True, req.n)
+            )
+        collected = await self.collect(request, streams, len(jobs))
         choices = []
-        for i, c in enumerate(collected):
+        for k, c_ in enumerate(collected):
             lp = None
             if req.logprobs is not None:
-                tokens = self.token_strings(c.token_ids)
-                lp = R.completion_logprobs(tokens, c.logprobs, req.logprobs, len(echo))
+                lp = L.completion_logprobs(tb(), c_.positions(), req.logprobs, len(echoes[k]))
+            keep = Q.kept_stop_text(c_.last.finished, req.keep_stop_string)
             choices.append(
                 R.CompletionChoice(
-                    index=i,
-                    text=echo + c.text,
+                    index=k,
+                    text=echoes[k] + c_.text + keep,
                     logprobs=lp,
-                    finish_reason=P.finish_reason(c.last.finished),
-                    stop_reason=P.stop_reason(c.last.finished),
+                    finish_reason=Q.finish_reason(c_.last.finished),
+                    stop_reason=Q.stop_reason(c_.last.finished),
+                    token_ids=c_.token_ids if req.return_token_ids else None,
+                    prompt_token_ids=jobs[k].ids if req.return_token_ids else None,
                 )
             )
-        usage = R.usage_of([c.last for c in collected])
+        usage = usage_of([c_.last for c_ in collected], req.n)
         body = R.CompletionResponse(id=rid, model=model, choices=choices, usage=usage)
         return JSONResponse(body.model_dump())
 
-    async def chat(self, request: Request) -> Response:
-        req = await self.parse(request, P.ChatCompletionRequest)
-        model = self.check_model(req.model)
+    def chat_prompt(self, req: P.ChatCompletionRequest) -> list[int]:
+        if req.input_ids is not None:  # SGLang: token ids instead of the template
+            return self.encode(req.input_ids, param="input_ids")
+        kwargs = dict(req.chat_template_kwargs or {})
+        for name in ("documents", "chat_template"):
+            if getattr(req, name) is not None:
+                kwargs[name] = getattr(req, name)
         try:
             prompt = self.tm.tokenizer.apply_chat_template(
-                req.template_messages(),
+                [TL.template_message(m) for m in req.messages],
+                tools=TL.template_tools(req.tools),
                 add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
                 tokenize=False,
-                **(req.chat_template_kwargs or {}),
+                **kwargs,
             )
         except Exception as exc:  # no template, or the template refused the messages
             message = f"Cannot apply the chat template: {exc}"
             raise P.ProtocolError(message, param="messages") from exc
-        ids = self.encode(prompt, add_special_tokens=False)
-        params = P.to_sampling_params(req, len(ids), self.tm.context_len)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await self.start(ids, params, req.n, rid)
-        top = req.top_logprobs or 0
+        return self.encode(prompt, add_special_tokens=req.add_special_tokens)
+
+    async def chat(self, request: Request) -> Response:
+        req = await self.parse(request, P.ChatCompletionRequest)
+        model = self.check_model(req.model)
+        choice = req.effective_tool_choice
+        try:
+            forced = TL.tool_constraint(req.tools, choice, req.parallel_tool_calls)
+            parser = TL.output_parser(req.tools, choice, self.args.tool_call_parser)
+        except TL.ToolError as exc:
+            raise P.ProtocolError(str(exc), param=exc.param) from exc
+        constraint = self.constraint(req)
+        if forced is not None:
+            if constraint is not None:
+                raise P.ProtocolError(
+                    f"tool_choice {choice if isinstance(choice, str) else 'function'} cannot "
+                    f"be combined with {constraint[0]}",
+                    param="tool_choice",
+                )
+            constraint = ("tool_choice", forced)
+        Q.check_capabilities(
+            self.caps, constraint=constraint, top_logprobs=req.top_logprobs_num(),
+            top_param="top_logprobs", priority=req.priority,
+            prompt_logprobs="prompt_logprobs" if req.prompt_logprobs is not None else None,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
+        )  # fmt: skip
+        if req.prompt_logprobs is not None:
+            raise P.not_supported_yet("prompt_logprobs", "vLLM's prompt_logprobs")
+        ctx = self.tm.context_len
+        ids = Q.truncate_prompt(self.chat_prompt(req), req.truncate_prompt_tokens,
+                                req.truncation_side, ctx)  # fmt: skip
+        params = Q.to_sampling_params(req, len(ids), ctx, constraint[1] if constraint else None)
+        rid = req.client_rid or f"chatcmpl-{uuid.uuid4().hex}"
+        jobs = _fan_out([ids], [params], [req.n], rid)
+        last = req.messages[-1]
+        echo = last.text if req.echo and last.role == "assistant" else ""
+        streams = await self.start(jobs)
+        top = req.top_logprobs if req.logprobs else None
+        tb = lambda: self.token_bytes().with_ids(req.return_tokens_as_token_ids)  # noqa: E731
         if req.stream:
-            fmt = ChatEvents(rid, model, req.n, req.logprobs, top, self.token_strings)
-            return SSEResponse(self.events(streams, fmt, req.n, req.include_usage, True))
+            parsers = [parser.streaming() if parser else None for _ in jobs]
+            fmt = ChatEvents(rid, model, req.n, top, tb, parsers, echo, req.keep_stop_string,
+                             req.continuous_usage, req.parallel_tool_calls)  # fmt: skip
+            return SSEResponse(self.events(streams, fmt, req.n, req.include_usage, True, req.n))
         collected = await self.collect(request, streams, req.n)
-        choices = [
-            R.ChatChoice(
-                index=i,
-                message=R.ChatResponseMessage(content=c.text),
-                logprobs=R.chat_logprobs(self.token_strings(c.token_ids), c.logprobs, top)
-                if req.logprobs
-                else None,
-                finish_reason=P.finish_reason(c.last.finished),
-                stop_reason=P.stop_reason(c.last.finished),
+        choices = []
+        for i, c in enumerate(collected):
+            text = c.text + Q.kept_stop_text(c.last.finished, req.keep_stop_string)
+            content, calls = text, []
+            if parser is not None:
+                parsed = parser.parse(text)
+                content, calls = parsed.content, parsed.tool_calls
+                if not req.parallel_tool_calls:
+                    calls = calls[:1]
+            message = R.ChatResponseMessage(
+                content=(echo + content) if content is not None else (echo or None),
+                tool_calls=[
+                    R.ToolCall(id=t.id, function=R.FunctionCall(name=t.name, arguments=t.arguments))
+                    for t in calls
+                ] or None,
             )
-            for i, c in enumerate(collected)
-        ]
-        usage = R.usage_of([c.last for c in collected])
-        body = R.ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage)
+            choices.append(
+                R.ChatChoice(
+                    index=i,
+                    message=message,
+                    logprobs=L.chat_logprobs(tb(), c.positions(), top) if top is not None else None,
+                    finish_reason=Q.finish_reason(c.last.finished, bool(calls)),
+                    stop_reason=Q.stop_reason(c.last.finished),
+                    token_ids=c.token_ids if req.return_token_ids else None,
+                )
+            )
+        usage = usage_of([c.last for c in collected], req.n)
+        body = R.ChatCompletionResponse(
+            id=rid, model=model, choices=choices, usage=usage,
+            prompt_token_ids=ids if req.return_token_ids else None,
+        )  # fmt: skip
         return JSONResponse(body.model_dump())
 
     async def generate(self, request: Request) -> Response:
-        """Native /generate in SGLang's shape; an abort is reported in band."""
+        """Native /generate in SGLang's shape: one prompt or a list (then a list of
+        outputs, prompt-major, n per prompt); an abort is reported in band."""
         req = await self.parse(request, P.GenerateRequest)
-        ids = self.encode(req.text if req.text is not None else req.input_ids or [])
-        params = P.native_sampling_params(req, len(ids), self.tm.context_len)
-        rid = req.rid or uuid.uuid4().hex
-        streams = await self.start(ids, params, 1, rid)
+        prompts = req.prompts()
+        sps = req.sampling_params * len(prompts) if len(req.sampling_params) == 1 else req.sampling_params
+        ctx = self.tm.context_len
+        param = "text" if req.text is not None else "input_ids"
+        ids_list, params = [], []
+        for prompt, sp in zip(prompts, sps, strict=True):
+            constraint = self.constraint(sp, "sampling_params.")
+            Q.check_capabilities(
+                self.caps, constraint=constraint,
+                top_logprobs=req.top_logprobs_num if req.return_logprob else 0,
+                top_param="top_logprobs_num", priority=req.priority,
+                prompt_logprobs="logprob_start_len"
+                if req.return_logprob and req.logprob_start_len >= 0 else None,
+                spaces_between_special_tokens=sp.spaces_between_special_tokens,
+            )  # fmt: skip
+            ids = self.encode(prompt, param=param)
+            ids_list.append(ids)
+            params.append(Q.native_sampling_params(
+                req, sp, len(ids), ctx, constraint[1] if constraint else None))  # fmt: skip
+        rids = None
+        if req.rid is not None:
+            rids = req.rid if isinstance(req.rid, list) else [req.rid]
+        jobs = _fan_out(ids_list, params, [sp.n for sp in sps], uuid.uuid4().hex, rids)
+        batched = req.is_batch or len(jobs) > 1
+        keep = [sp.no_stop_trim for sp in sps for _ in range(sp.n)]
+        meta = self.generate_meta(req)
+        streams = await self.start(jobs)
         if req.stream:
-            fmt = GenerateEvents(rid, req.return_logprob)
-            return SSEResponse(self.events(streams, fmt, 1, False, False))
-        (c,) = await self.collect(request, streams, 1, abort_is_error=False)
-        lps = c.logprobs if req.return_logprob else None
-        return JSONResponse(R.generate_body(rid, c.text, c.token_ids, lps, c.last))
+            fmt = GenerateEvents([j.rid for j in jobs], meta, batched, keep)
+            return SSEResponse(self.events(streams, fmt, len(jobs), False, False))
+        collected = await self.collect(request, streams, len(jobs), abort_is_error=False)
+        bodies = []
+        for job, c, k in zip(jobs, collected, keep, strict=True):
+            text = c.text + Q.kept_stop_text(c.last.finished, k)
+            bodies.append(R.generate_body(job.rid, text, c.token_ids, meta(c), c.last))
+        return JSONResponse(bodies if batched else bodies[0])
+
+    def generate_meta(self, req: P.GenerateRequest) -> Callable[[Collected], dict[str, Any] | None]:
+        def meta(c: Collected) -> dict[str, Any] | None:
+            if not req.return_logprob:
+                return None
+            tb = self.token_bytes()
+            k = req.top_logprobs_num
+            chosen, tops = L.generate_logprobs(tb, c.positions(), k, req.return_text_in_logprobs)
+            out: dict[str, Any] = {"output_token_logprobs": chosen}
+            if tops is not None:
+                out["output_top_logprobs"] = tops
+            if req.logprob_start_len >= 0:
+                out["input_token_logprobs"] = c.input_logprobs
+            return out
+
+        return meta
+
+    async def abort_request(self, request: Request) -> Response:
+        """SGLang's POST /abort_request: {"rid": ...} or {"abort_all": true}."""
+        req = await self.parse(request, P.AbortRequest)
+        rids = self.tm.abort_all() if req.abort_all else self.tm.abort(req.rid)
+        return JSONResponse({"aborted": rids})
 
     def models(self) -> dict[str, Any]:
         card = R.ModelCard(
@@ -289,6 +463,21 @@ class _Server:
         if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
             info["scheduler_stats"] = dataclasses.asdict(stats)
         return info
+
+
+def _server_abort(reason: FinishReason | None) -> bool:
+    """An abort the client did not ask for (POST /abort_request aborts are in band)."""
+    return reason is not None and reason.kind == "abort" and reason.message != ABORTED_BY_REQUEST
+
+
+def usage_of(finals: list[Any], n: int = 1) -> R.Usage:
+    """Usage from each choice's last chunk: each prompt counted once (its n choices share
+    it, as OpenAI counts them), completion tokens summed."""
+    prompts = finals[::n]
+    completion = sum(c.completion_tokens for c in finals)
+    return R.Usage.of(
+        sum(c.prompt_tokens for c in prompts), completion, sum(c.cached_tokens for c in prompts)
+    )
 
 
 class ApiKeyMiddleware:
@@ -331,6 +520,7 @@ def build_app(
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", server.chat, methods=["POST"])
     app.add_api_route("/generate", server.generate, methods=["POST"])
+    app.add_api_route("/abort_request", server.abort_request, methods=["POST"])
     app.add_api_route(C.HEALTH_PATH, server.health, methods=["GET"])
     app.add_api_route(C.LIVE_PATH, server.live, methods=["GET"])
     app.add_api_route(C.SERVER_INFO_PATH, server.server_info, methods=["GET"])

@@ -1,9 +1,12 @@
-"""OpenAI-compatible request/response models and the pure rules that validate them.
+"""OpenAI-compatible request models and the pure rules that validate them.
 
 Requests: `CompletionRequest` (/v1/completions), `ChatCompletionRequest`
-(/v1/chat/completions) and `GenerateRequest` (native /generate, SGLang's shape). Unknown
-fields are accepted and ignored, like vLLM; declared fields are type-checked strictly (a
-string where a number belongs is a 400, not coerced).
+(/v1/chat/completions) and `GenerateRequest` (native /generate, SGLang's shape). Declared
+fields are honoured and type-checked strictly (a string where a number belongs is a 400,
+not coerced). Every other field is accepted only if it changes nothing (`user`,
+`metadata`, ...) or is sent with its "off" value, and is otherwise refused with a 400
+naming it (`request_fields`). Nested objects (stream_options, tools, ...) refuse unknown
+keys outright.
 
 Choices made where OpenAI, vLLM and SGLang differ:
 - `temperature` >= 0 with no upper bound (vLLM's rule; OpenAI caps at 2); values below
@@ -15,18 +18,13 @@ Choices made where OpenAI, vLLM and SGLang differ:
   the context for /generate. Chat's `max_completion_tokens` wins over `max_tokens`.
 - `n` in [1, 128]: served as n requests whose seeds are `seed + i` (a random base when no
   seed is given, so the samples differ).
-- `logprobs`: only the chosen token's logprob. `top_logprobs` (chat) and `logprobs: k`
-  (completions) are accepted, but each position's top list holds just the chosen token.
 - A field sent as null counts as not sent (its default applies).
-- One prompt per request: a string, a list of token ids, or a list holding one of those.
-- Not supported (400): non-empty `logit_bias`, `suffix`, `best_of` != n, `echo` with
-  `logprobs`, `response_format` other than text, non-text chat content parts.
+- `prompt` (completions) and `text`/`input_ids` (/generate) may be one prompt or a list.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -40,13 +38,15 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from sluice.runtime.ipc.messages import FinishReason, SamplingParams
+from sluice.runtime.entrypoints import request_fields as F
+from sluice.runtime.entrypoints.tools import ToolChoice, ToolDef
 
 MAX_N = 128
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128
 GREEDY_BELOW_TEMPERATURE = 1e-5
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+MAX_PROMPTS = 1024  # prompts in one batched request
 
 
 # --- errors ---------------------------------------------------------------------------------
@@ -99,6 +99,14 @@ def model_not_found(model: str) -> ProtocolError:
     )
 
 
+def not_supported_yet(param: str, what: str) -> ProtocolError:
+    return ProtocolError(
+        f"{param}: {what} is not supported yet by this server.",
+        param=param,
+        code="not_supported_yet",
+    )
+
+
 # --- strict JSON scalar types ---------------------------------------------------------------
 def _number(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -109,6 +117,7 @@ def _number(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(_number)]
 Float = Annotated[float, BeforeValidator(_number)]
 Bool = StrictBool
+TokenId = Annotated[Int, Field(ge=0)]
 
 
 def _stop_list(value: Any) -> list[str]:
@@ -127,34 +136,41 @@ def _is_token_ids(value: Any) -> bool:
     )
 
 
-def _single_prompt(value: Any) -> str | list[int]:
-    if isinstance(value, str):
-        return value
-    if _is_token_ids(value) and value:
-        return list(value)
+def _prompts(value: Any) -> list[str | list[int]]:
+    """One prompt (a string or token ids) or a list of them, as a list."""
+    if isinstance(value, str) or (_is_token_ids(value) and value):
+        return [value]
     if (
         isinstance(value, list)
         and value
-        and all(isinstance(p, str) or _is_token_ids(p) for p in value)
+        and all(isinstance(p, str) or (_is_token_ids(p) and p) for p in value)
     ):
-        if len(value) > 1:
+        if len(value) > MAX_PROMPTS:
             raise PydanticCustomError(
-                "batched_prompt",
-                "a list of {count} prompts is not supported; send one prompt per request",
-                {"count": len(value)},
+                "too_many_prompts", "at most {limit} prompts per request", {"limit": MAX_PROMPTS}
             )
-        return _single_prompt(value[0])
+        return list(value)
     raise PydanticCustomError(
-        "prompt_type", "Input should be a string or a non-empty list of token ids"
+        "prompt_type",
+        "Input should be a string, a non-empty list of token ids, or a list of those",
     )
 
 
 StopList = Annotated[list[str], BeforeValidator(_stop_list)]
-Prompt = Annotated[str | list[int], BeforeValidator(_single_prompt)]
+Prompts = Annotated[list[str | list[int]], BeforeValidator(_prompts)]
+
+
+class _Strict(BaseModel):
+    """A nested object: unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown fields are ignored, like vLLM
+    """A request body. Extra fields are kept so that `unsupported()` can name them."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    REFUSED: ClassVar[dict[str, F.Refused]] = F.COMMON_REFUSED
 
     @model_validator(mode="before")
     @classmethod
@@ -164,13 +180,43 @@ class _Request(BaseModel):
             return {k: v for k, v in data.items() if v is not None}
         return data
 
-    @property
-    def ignored_fields(self) -> list[str]:
-        return sorted(self.model_extra or {})
+    def unsupported(self) -> ProtocolError | None:
+        found = F.unsupported_field(self.model_extra or {}, self.REFUSED)
+        if found is None:
+            return None
+        name, message = found
+        return ProtocolError(message, param=name, code="unsupported_parameter")
 
 
-class StreamOptions(_Request):
+class StreamOptions(_Strict):
     include_usage: Bool = False
+    continuous_usage_stats: Bool = False  # vLLM: usage in every chunk
+    include_obfuscation: Bool = False  # no effect: no obfuscation padding is added
+
+
+class JsonSchemaFormat(_Strict):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: Bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` (the successor of its guided_* fields)."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: Bool | None = None
+    disable_any_whitespace: Literal[True] | None = None  # what Sluice does already
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 class _SamplingRequest(_Request):
@@ -188,29 +234,66 @@ class _SamplingRequest(_Request):
     frequency_penalty: Float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: Float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, Float] | None = None
-    user: str | None = None
+    service_tier: Literal["auto", "default"] | None = None  # no tiers: both mean the same
     # the extra sampling fields vLLM and SGLang accept
     top_k: Int | None = Field(None, ge=-1)
     min_p: Float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: Float | None = Field(None, gt=0.0)
     ignore_eos: Bool = False
     min_tokens: Int = Field(0, ge=0)
-    stop_token_ids: list[Annotated[Int, Field(ge=0)]] | None = None
+    stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: Bool = True
+    spaces_between_special_tokens: Bool = True
+    include_stop_str_in_output: Bool = False
+    no_stop_trim: Bool = False  # SGLang's name for include_stop_str_in_output
+    truncate_prompt_tokens: Int | None = Field(None, ge=-1)
+    truncation_side: Literal["left", "right"] = "left"
+    prompt_logprobs: Int | None = Field(None, ge=0)
+    return_token_ids: Bool = False
+    return_tokens_as_token_ids: Bool = False
+    priority: Int = 0
+    request_id: str | None = Field(None, min_length=1)
+    rid: str | None = Field(None, min_length=1)
+    # constrained decoding, any one of (see entrypoints/constraints.py)
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: Literal["xgrammar", "auto", ""] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | None = None  # SGLang: the schema as a JSON string
 
     @field_validator("logit_bias")
     @classmethod
     def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         if value:
-            raise PydanticCustomError("unsupported", "logit_bias is not supported")
+            raise PydanticCustomError("unsupported", "logit_bias is not supported by the sampler")
         return value
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.continuous_usage_stats)
+
+    @property
+    def keep_stop_string(self) -> bool:
+        return self.include_stop_str_in_output or self.no_stop_trim
+
+    @property
+    def client_rid(self) -> str | None:
+        return self.rid or self.request_id
+
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def top_logprobs_num(self) -> int:
+        return 0
 
     def wants_logprobs(self) -> bool:
         return False
@@ -221,70 +304,81 @@ class _SamplingRequest(_Request):
             raise ProtocolError(
                 "stream_options can only be set when stream is true", param="stream_options"
             )
+        if self.rid and self.request_id and self.rid != self.request_id:
+            raise ProtocolError("give one of rid and request_id", param="rid")
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: Prompt
+    prompt: Prompts
     max_tokens: Int | None = Field(COMPLETION_DEFAULT_MAX_TOKENS, ge=1)
-    logprobs: Int | None = Field(None, ge=0, le=20)
+    logprobs: Int | None = Field(None, ge=0)
     echo: Bool = False
     suffix: str | None = None
     best_of: Int | None = None
+    add_special_tokens: Bool = True
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
 
+    def top_logprobs_num(self) -> int:
+        return self.logprobs or 0
+
     def check(self) -> None:
         super().check()
         if self.suffix:
-            raise ProtocolError("suffix is not supported", param="suffix")
+            raise ProtocolError("suffix is not supported (no fill-in-the-middle)", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise ProtocolError("best_of is not supported (it must equal n)", param="best_of")
-        if self.echo and self.logprobs is not None:
-            raise ProtocolError("echo with logprobs is not supported", param="echo")
 
 
-class ContentPart(_Request):
-    type: str
-    text: str | None = None
+class ContentPart(_Strict):
+    type: Literal["text"]
+    text: str
 
 
-class ChatMessage(_Request):
+class ChatMessage(BaseModel):
+    """A message; keys beyond these reach the chat template as they are."""
+
+    model_config = ConfigDict(extra="allow")
     role: str = Field(min_length=1)  # any role the chat template knows, like vLLM
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
-    @field_validator("content")
+    @field_validator("content", mode="before")
     @classmethod
     def _text_only(cls, value: Any) -> Any:
-        if isinstance(value, list) and any(p.type != "text" for p in value):
+        if isinstance(value, list) and any(
+            not isinstance(p, dict) or p.get("type") != "text" for p in value
+        ):
             raise PydanticCustomError("content_type", "only text content parts are supported")
         return value
 
-    def for_template(self) -> dict[str, Any]:
-        """The message as the chat template expects it: role and a plain-text content."""
-        content = self.content
-        if isinstance(content, list):
-            content = "".join(p.text or "" for p in content)
-        out = dict(self.model_extra or {})
-        out.update(role=self.role, content=content or "")
-        if self.name is not None:
-            out["name"] = self.name
-        return out
-
-
-class ResponseFormat(_Request):
-    type: str = "text"
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
 
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int | None = Field(None, ge=1)
     logprobs: Bool = False
-    top_logprobs: Int | None = Field(None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
+    top_logprobs: Int = Field(0, ge=0)
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: Bool = True
+    modalities: list[Literal["text"]] | None = None
     add_generation_prompt: Bool = True
+    continue_final_message: Bool = False
+    add_special_tokens: Bool = False
+    documents: list[dict[str, Any]] | None = None
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    echo: Bool = False
+    input_ids: list[TokenId] | None = Field(None, min_length=1)  # SGLang: skip the template
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -292,25 +386,41 @@ class ChatCompletionRequest(_SamplingRequest):
     def wants_logprobs(self) -> bool:
         return self.logprobs
 
+    def top_logprobs_num(self) -> int:
+        return self.top_logprobs if self.logprobs else 0
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        """OpenAI's default: "auto" when tools are given, else "none"."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
     def check(self) -> None:
         super().check()
         if self.top_logprobs and not self.logprobs:
             raise ProtocolError("top_logprobs requires logprobs to be true", param="top_logprobs")
-        if self.response_format is not None and self.response_format.type != "text":
+        if self.continue_final_message and self.add_generation_prompt:
+            if "add_generation_prompt" in self.model_fields_set:
+                raise ProtocolError(
+                    "continue_final_message and add_generation_prompt cannot both be true",
+                    param="continue_final_message",
+                )
+            self.add_generation_prompt = False
+        if self.continue_final_message and self.messages[-1].role != "assistant":
             raise ProtocolError(
-                f"response_format {self.response_format.type!r} is not supported",
-                param="response_format",
+                "continue_final_message needs the last message to be the assistant's",
+                param="continue_final_message",
             )
-
-    def template_messages(self) -> list[dict[str, Any]]:
-        return [m.for_template() for m in self.messages]
 
 
 class NativeSamplingParams(_Request):
     """`sampling_params` of /generate, named as in SGLang."""
 
+    REFUSED: ClassVar[dict[str, F.Refused]] = F.SAMPLING_REFUSED
     max_new_tokens: Int | None = Field(None, ge=1)
     min_new_tokens: Int = Field(0, ge=0)
+    n: Int = Field(1, ge=1, le=MAX_N)
     temperature: Float = Field(1.0, ge=0.0)
     top_p: Float = Field(1.0, gt=0.0, le=1.0)
     top_k: Int = Field(-1, ge=-1)
@@ -319,146 +429,81 @@ class NativeSamplingParams(_Request):
     frequency_penalty: Float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: Float = Field(0.0, ge=-2.0, le=2.0)
     stop: StopList = Field(default_factory=list)
-    stop_token_ids: list[Annotated[Int, Field(ge=0)]] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: Bool = False
     seed: Int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    sampling_seed: Int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)  # SGLang's name
     skip_special_tokens: Bool = True
+    spaces_between_special_tokens: Bool = True
+    no_stop_trim: Bool = False
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+
+def _native_params(value: Any) -> Any:
+    return value if isinstance(value, list) else [value]
 
 
 class GenerateRequest(_Request):
-    text: str | None = None
-    input_ids: list[Annotated[Int, Field(ge=0)]] | None = None
-    sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
+    text: str | list[str] | None = None
+    input_ids: list[TokenId] | list[list[TokenId]] | None = None
+    sampling_params: Annotated[
+        list[NativeSamplingParams], BeforeValidator(_native_params)
+    ] = Field(default_factory=lambda: [NativeSamplingParams()])
     stream: Bool = False
     return_logprob: Bool = False
-    rid: str | None = None
+    logprob_start_len: Int = Field(-1, ge=-1)
+    top_logprobs_num: Int = Field(0, ge=0)
+    return_text_in_logprobs: Bool = False
+    rid: str | list[str] | None = None
+    priority: Int = 0
+
+    @property
+    def is_batch(self) -> bool:
+        return isinstance(self.text, list) or (
+            isinstance(self.input_ids, list) and bool(self.input_ids)
+            and isinstance(self.input_ids[0], list)
+        )
+
+    def prompts(self) -> list[str | list[int]]:
+        if self.text is not None:
+            return list(self.text) if isinstance(self.text, list) else [self.text]
+        ids = self.input_ids or []
+        return [list(p) for p in ids] if self.is_batch else [list(ids)]  # type: ignore[arg-type]
+
+    def unsupported(self) -> ProtocolError | None:
+        problem = super().unsupported()
+        for sp in self.sampling_params:
+            found = F.unsupported_field(sp.model_extra or {}, sp.REFUSED, "sampling_params.")
+            if problem is None and found is not None:
+                name, message = found
+                problem = ProtocolError(message, param=name, code="unsupported_parameter")
+        return problem
 
     def check(self) -> None:
         if (self.text is None) == (self.input_ids is None):
             raise ProtocolError("give exactly one of text and input_ids", param="text")
-
-
-# --- pure builders --------------------------------------------------------------------------
-def check_prompt(prompt_len: int, context_len: int, max_tokens: int | None) -> int:
-    """Validate the lengths and return max_new_tokens (the context's rest when None)."""
-    if prompt_len == 0:
-        raise ProtocolError("The prompt is empty.", param="prompt", code="invalid_value")
-    if max_tokens is None:
-        if prompt_len >= context_len:
+        prompts = self.prompts()
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ProtocolError("empty prompt", param="text" if self.text is not None else "input_ids")
+        if len(self.sampling_params) not in (1, len(prompts)):
             raise ProtocolError(
-                f"This model's maximum context length is {context_len} tokens. However, your "
-                f"prompt has {prompt_len} tokens, which leaves no room for the completion. "
-                "Please reduce the length of the prompt.",
-                param="messages",
-                code="context_length_exceeded",
+                f"sampling_params: give one, or one per prompt ({len(prompts)})",
+                param="sampling_params",
             )
-        return context_len - prompt_len
-    if prompt_len + max_tokens > context_len:
-        raise ProtocolError(
-            f"This model's maximum context length is {context_len} tokens. However, you "
-            f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
-            f"{max_tokens} in the completion). Please reduce the length of the messages or "
-            "completion.",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    return max_tokens
+        if self.rid is not None:
+            rids = self.rid if isinstance(self.rid, list) else [self.rid]
+            if len(rids) != len(prompts) or len(set(rids)) != len(rids):
+                raise ProtocolError("rid: give one distinct id per prompt", param="rid")
 
 
-def check_token_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> None:
-    for t in ids:
-        if not 0 <= t < vocab_size:
-            raise ProtocolError(
-                f"token id {t} is outside the vocabulary [0, {vocab_size})", param=param
-            )
+class AbortRequest(_Request):
+    """SGLang's POST /abort_request body."""
 
+    rid: str = ""
+    abort_all: Bool = False
 
-def _temperature(value: float) -> float:
-    return 0.0 if value < GREEDY_BELOW_TEMPERATURE else value
-
-
-def to_sampling_params(
-    req: CompletionRequest | ChatCompletionRequest, prompt_len: int, context_len: int
-) -> SamplingParams:
-    """The scheduler's `SamplingParams` for a validated OpenAI request (one choice)."""
-    max_new = check_prompt(prompt_len, context_len, req.requested_max_tokens())
-    if req.min_tokens > max_new:
-        raise ProtocolError(
-            f"min_tokens ({req.min_tokens}) must not exceed max_tokens ({max_new})",
-            param="min_tokens",
-        )
-    return SamplingParams(
-        max_new_tokens=max_new,
-        min_new_tokens=req.min_tokens,
-        temperature=_temperature(1.0 if req.temperature is None else req.temperature),
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=-1 if req.top_k in (None, 0) else req.top_k,
-        min_p=req.min_p or 0.0,
-        repetition_penalty=req.repetition_penalty or 1.0,
-        frequency_penalty=req.frequency_penalty,
-        presence_penalty=req.presence_penalty,
-        stop=list(req.stop),
-        stop_token_ids=list(req.stop_token_ids or []),
-        ignore_eos=req.ignore_eos,
-        seed=req.seed,
-        skip_special_tokens=req.skip_special_tokens,
-        logprobs=req.wants_logprobs(),
-    )
-
-
-def native_sampling_params(
-    req: GenerateRequest, prompt_len: int, context_len: int
-) -> SamplingParams:
-    """The scheduler's `SamplingParams` for a validated /generate request."""
-    sp = req.sampling_params
-    if sp.max_new_tokens is None:
-        max_new = min(GENERATE_DEFAULT_MAX_NEW_TOKENS, check_prompt(prompt_len, context_len, None))
-    else:
-        max_new = check_prompt(prompt_len, context_len, sp.max_new_tokens)
-    if sp.min_new_tokens > max_new:
-        raise ProtocolError(
-            f"min_new_tokens ({sp.min_new_tokens}) must not exceed max_new_tokens ({max_new})",
-            param="sampling_params.min_new_tokens",
-        )
-    return SamplingParams(
-        max_new_tokens=max_new,
-        min_new_tokens=sp.min_new_tokens,
-        temperature=_temperature(sp.temperature),
-        top_p=sp.top_p,
-        top_k=-1 if sp.top_k == 0 else sp.top_k,
-        min_p=sp.min_p,
-        repetition_penalty=sp.repetition_penalty,
-        frequency_penalty=sp.frequency_penalty,
-        presence_penalty=sp.presence_penalty,
-        stop=list(sp.stop),
-        stop_token_ids=list(sp.stop_token_ids or []),
-        ignore_eos=sp.ignore_eos,
-        seed=sp.seed,
-        skip_special_tokens=sp.skip_special_tokens,
-        logprobs=req.return_logprob,
-    )
-
-
-def per_choice_params(params: SamplingParams, n: int, base_seed: int) -> list[SamplingParams]:
-    """n copies for n choices; choice i gets seed `base + i` (wrapped into int64)."""
-    if n == 1:
-        return [params]
-    base = params.seed if params.seed is not None else base_seed
-    return [
-        dataclasses.replace(params, seed=((base + i - SEED_MIN) % 2**64) + SEED_MIN)
-        for i in range(n)
-    ]
-
-
-def finish_reason(reason: FinishReason | None) -> str | None:
-    """OpenAI's finish_reason: 'stop' | 'length' | 'abort' (None while running)."""
-    if reason is None:
-        return None
-    return {"stop": "stop", "length": "length"}.get(reason.kind, "abort")
-
-
-def stop_reason(reason: FinishReason | None) -> int | str | None:
-    """vLLM's `stop_reason`: the stop string or stop token that ended the text, if any."""
-    if reason is None or reason.kind != "stop":
-        return None
-    return reason.matched_str if reason.matched_str is not None else reason.matched_token
+    def check(self) -> None:
+        if not self.rid and not self.abort_all:
+            raise ProtocolError("give rid, or abort_all: true", param="rid")

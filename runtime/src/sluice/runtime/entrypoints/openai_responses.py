@@ -8,8 +8,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
-from sluice.runtime.entrypoints.openai_protocol import stop_reason
 from sluice.runtime.ipc.messages import FinishReason
+
+
+def _without_none(handler: SerializerFunctionWrapHandler, obj: Any) -> dict[str, Any]:
+    return {k: v for k, v in handler(obj).items() if v is not None}
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -46,6 +49,16 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids
+    prompt_token_ids: list[int] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_ids(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        for key in ("token_ids", "prompt_token_ids"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
 
 class CompletionResponse(BaseModel):
@@ -73,9 +86,28 @@ class ChatLogprobs(BaseModel):
     content: list[ChatLogprobToken] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_empty_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if not out.get("tool_calls"):
+            out.pop("tool_calls", None)
+        return out
 
 
 class ChatChoice(BaseModel):
@@ -84,6 +116,14 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids
+
+    @model_serializer(mode="wrap")
+    def _drop_ids(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("token_ids") is None:
+            out.pop("token_ids", None)
+        return out
 
 
 class ChatCompletionResponse(BaseModel):
@@ -93,6 +133,37 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_ids(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("prompt_token_ids") is None:
+            out.pop("prompt_token_ids", None)
+        return out
+
+
+class DeltaFunction(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler, self)
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed tool call piece: the first has id, type and name; later ones only
+    argument text (OpenAI's shape)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler, self)
 
 
 class DeltaMessage(BaseModel):
@@ -100,10 +171,11 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if v is not None}
+        return _without_none(handler, self)
 
 
 class ChatStreamChoice(BaseModel):
@@ -146,41 +218,19 @@ def usage_of(finals: list[Any]) -> Usage:
     return Usage.of(first.prompt_tokens, completion, first.cached_tokens)
 
 
-def completion_logprobs(
-    tokens: list[str], logprobs: list[float], top: int, offset: int
-) -> CompletionLogprobs:
-    """Completions' logprobs for the chosen tokens; `offset`: where the first one starts."""
-    offsets = []
-    for tok in tokens:
-        offsets.append(offset)
-        offset += len(tok)
-    return CompletionLogprobs(
-        tokens=tokens,
-        token_logprobs=list(logprobs),
-        top_logprobs=[{t: lp} for t, lp in zip(tokens, logprobs, strict=False)] if top else None,
-        text_offset=offsets,
-    )
-
-
-def chat_logprobs(tokens: list[str], logprobs: list[float], top: int) -> ChatLogprobs:
-    content = []
-    for tok, lp in zip(tokens, logprobs, strict=False):
-        entry = TopLogprob(token=tok, logprob=lp, bytes=list(tok.encode()))
-        content.append(ChatLogprobToken(**entry.model_dump(), top_logprobs=[entry] if top else []))
-    return ChatLogprobs(content=content)
-
-
 def generate_body(
-    rid: str, text: str, ids: list[int], logprobs: list[float] | None, last: Any
+    rid: str, text: str, ids: list[int], logprobs: dict[str, Any] | None, last: Any
 ) -> dict[str, Any]:
     """/generate's response (SGLang's shape) from the text and ids so far and the latest
-    chunk; `logprobs` None leaves them out."""
+    chunk; `logprobs`: the meta_info logprob entries (None leaves them out)."""
     reason: FinishReason | None = last.finished
     finish: dict[str, Any] | None = None
     if reason is not None:
         finish = {"type": reason.kind}
         if reason.kind == "stop":
-            finish["matched"] = stop_reason(reason)
+            finish["matched"] = (
+                reason.matched_str if reason.matched_str is not None else reason.matched_token
+            )
         elif reason.kind == "length":
             finish["length"] = last.completion_tokens
         elif reason.message:
@@ -193,5 +243,5 @@ def generate_body(
         "cached_tokens": last.cached_tokens,
     }
     if logprobs is not None:
-        meta["output_token_logprobs"] = [[lp, t] for lp, t in zip(logprobs, ids, strict=False)]
+        meta.update(logprobs)
     return {"text": text, "output_ids": list(ids), "meta_info": meta}

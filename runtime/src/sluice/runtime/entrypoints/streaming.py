@@ -21,8 +21,11 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
+from sluice.runtime.entrypoints import logprobs as L
 from sluice.runtime.entrypoints import openai_protocol as P
 from sluice.runtime.entrypoints import openai_responses as R
+from sluice.runtime.entrypoints import request_params as Q
+from sluice.runtime.entrypoints.tool_parsers import StreamDelta, StreamingToolParser
 
 logger = logging.getLogger("sluice.http")
 
@@ -88,13 +91,29 @@ class Collected:
     text: str = ""
     token_ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
+    input_logprobs: list[float] = dataclasses.field(default_factory=list)
     last: Chunk = None
 
     def add(self, chunk: Chunk) -> None:
         self.text += chunk.text
         self.token_ids += chunk.token_ids
         self.logprobs += chunk.logprobs
+        self.top_logprobs += getattr(chunk, "top_logprobs", None) or []
+        self.input_logprobs += getattr(chunk, "input_logprobs", None) or []
         self.last = chunk
+
+    def positions(self) -> list[L.PositionLogprobs]:
+        return positions_of(self)
+
+
+def positions_of(chunk: Any) -> list[L.PositionLogprobs]:
+    """A chunk's (or a Collected's) tokens as logprob positions."""
+    tops = getattr(chunk, "top_logprobs", None) or []
+    return [
+        L.PositionLogprobs(t, lp, tops[i] if i < len(tops) else ())
+        for i, (t, lp) in enumerate(zip(chunk.token_ids, chunk.logprobs, strict=False))
+    ]
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -167,15 +186,39 @@ class EventFormat(Protocol):
     def usage(self, usage: R.Usage) -> str: ...
 
 
+def usage_of_chunk(chunk: Chunk) -> R.Usage:
+    return R.Usage.of(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
+
+
+def delta_tool_calls(d: StreamDelta, parallel: bool) -> list[R.DeltaToolCall]:
+    return [
+        R.DeltaToolCall(
+            index=c.index,
+            id=c.id,
+            type="function" if c.id is not None else None,
+            function=R.DeltaFunction(name=c.name, arguments=c.arguments),
+        )
+        for c in d.tool_calls
+        if parallel or c.index == 0
+    ]
+
+
 @dataclasses.dataclass
 class ChatEvents:
+    """Chat chunks; with a tool parser per choice, content and tool-call deltas."""
+
     rid: str
     model: str
     n: int
-    logprobs: bool
-    top: int
-    token_strings: Callable[[list[int]], list[str]]
+    logprobs: int | None  # top-k per position; None: no logprobs
+    token_bytes: Callable[[], L.TokenBytes]
+    parsers: list[StreamingToolParser | None]
+    echo: str = ""
+    keep_stop: bool = False
+    continuous_usage: bool = False
+    parallel_tool_calls: bool = True
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    called: set[int] = dataclasses.field(default_factory=set)
 
     def _event(self, choices: list[R.ChatStreamChoice], usage: R.Usage | None = None) -> str:
         chunk = R.ChatCompletionChunk(
@@ -184,25 +227,40 @@ class ChatEvents:
         return sse_event(chunk)
 
     def prelude(self) -> list[str]:
-        role = R.DeltaMessage(role="assistant", content="")
+        role = R.DeltaMessage(role="assistant", content=self.echo)
         return [self._event([R.ChatStreamChoice(index=i, delta=role)]) for i in range(self.n)]
 
     def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
         events = []
+        usage = usage_of_chunk(chunk) if self.continuous_usage else None
+        text = chunk.text + Q.kept_stop_text(chunk.finished, self.keep_stop)
         lp = None
-        if self.logprobs:
-            lp = R.chat_logprobs(self.token_strings(chunk.token_ids), chunk.logprobs, self.top)
-        if chunk.text or (lp is not None and chunk.token_ids):
-            delta = R.DeltaMessage(content=chunk.text)
-            events.append(self._event([R.ChatStreamChoice(index=index, delta=delta, logprobs=lp)]))
+        if self.logprobs is not None:
+            lp = L.chat_logprobs(self.token_bytes(), positions_of(chunk), self.logprobs)
+        content, calls = text, []
+        parser = self.parsers[index]
+        if parser is not None:
+            d = parser.feed(text)
+            if chunk.finished is not None:
+                end = parser.finish()
+                d = StreamDelta(d.content + end.content, d.tool_calls + end.tool_calls)
+            content, calls = d.content, delta_tool_calls(d, self.parallel_tool_calls)
+            if calls:
+                self.called.add(index)
+        if content or calls or (lp is not None and chunk.token_ids):
+            delta = R.DeltaMessage(content=content or None, tool_calls=calls or None)
+            if not (content or calls):
+                delta = R.DeltaMessage(content="")
+            choice = R.ChatStreamChoice(index=index, delta=delta, logprobs=lp)
+            events.append(self._event([choice], usage))
         if chunk.finished is not None:
-            end = R.ChatStreamChoice(
+            end_choice = R.ChatStreamChoice(
                 index=index,
                 delta=R.DeltaMessage(),
-                finish_reason=P.finish_reason(chunk.finished),
-                stop_reason=P.stop_reason(chunk.finished),
+                finish_reason=Q.finish_reason(chunk.finished, index in self.called),
+                stop_reason=Q.stop_reason(chunk.finished),
             )
-            events.append(self._event([end]))
+            events.append(self._event([end_choice], usage))
         return events
 
     def usage(self, usage: R.Usage) -> str:
@@ -213,10 +271,12 @@ class ChatEvents:
 class CompletionEvents:
     rid: str
     model: str
-    n: int
+    n: int  # choices in all (prompts x n)
     logprobs: int | None
-    echo: str
-    token_strings: Callable[[list[int]], list[str]]
+    echoes: list[str]  # per choice
+    token_bytes: Callable[[], L.TokenBytes]
+    keep_stop: bool = False
+    continuous_usage: bool = False
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     offsets: list[int] = dataclasses.field(default_factory=list)
 
@@ -227,27 +287,32 @@ class CompletionEvents:
         return sse_event(response)
 
     def prelude(self) -> list[str]:
-        self.offsets = [len(self.echo)] * self.n
-        if not self.echo:
-            return []
-        return [self._event([R.CompletionChoice(index=i, text=self.echo)]) for i in range(self.n)]
+        self.offsets = [len(e) for e in self.echoes]
+        return [
+            self._event([R.CompletionChoice(index=i, text=e)])
+            for i, e in enumerate(self.echoes)
+            if e
+        ]
 
     def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
         lp = None
         if self.logprobs is not None:
-            tokens = self.token_strings(chunk.token_ids)
-            lp = R.completion_logprobs(tokens, chunk.logprobs, self.logprobs, self.offsets[index])
-            self.offsets[index] += sum(len(t) for t in tokens)
-        if not (chunk.text or chunk.finished is not None or (lp is not None and lp.tokens)):
+            lp = L.completion_logprobs(
+                self.token_bytes(), positions_of(chunk), self.logprobs, self.offsets[index]
+            )
+            self.offsets[index] += len(chunk.text)
+        text = chunk.text + Q.kept_stop_text(chunk.finished, self.keep_stop)
+        if not (text or chunk.finished is not None or (lp is not None and lp.tokens)):
             return []
         choice = R.CompletionChoice(
             index=index,
-            text=chunk.text,
+            text=text,
             logprobs=lp,
-            finish_reason=P.finish_reason(chunk.finished),
-            stop_reason=P.stop_reason(chunk.finished),
+            finish_reason=Q.finish_reason(chunk.finished),
+            stop_reason=Q.stop_reason(chunk.finished),
         )
-        return [self._event([choice])]
+        usage = usage_of_chunk(chunk) if self.continuous_usage else None
+        return [self._event([choice], usage)]
 
     def usage(self, usage: R.Usage) -> str:
         return self._event([], usage)
@@ -255,23 +320,27 @@ class CompletionEvents:
 
 @dataclasses.dataclass
 class GenerateEvents:
-    """SGLang's /generate stream: each event carries the text and ids so far."""
+    """SGLang's /generate stream: each event carries one output's text and ids so far;
+    with several outputs (a batch, or n > 1) it also carries the output's `index`."""
 
-    rid: str
-    logprobs: bool
-    so_far: Collected = dataclasses.field(default_factory=Collected)
+    rids: list[str]
+    meta: Callable[[Collected], dict[str, Any] | None]  # the logprob entries, or None
+    batched: bool
+    keep_stop: list[bool]  # per output: no_stop_trim
+    so_far: list[Collected] = dataclasses.field(default_factory=list)
 
     def prelude(self) -> list[str]:
+        self.so_far = [Collected() for _ in self.rids]
         return []
 
     def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
-        c = self.so_far
+        c = self.so_far[index]
         c.add(chunk)
-        lps = c.logprobs if self.logprobs else None
-        return [sse_event(R.generate_body(self.rid, c.text, c.token_ids, lps, chunk))]
+        text = c.text + Q.kept_stop_text(chunk.finished, self.keep_stop[index])
+        body = R.generate_body(self.rids[index], text, c.token_ids, self.meta(c), chunk)
+        if self.batched:
+            body["index"] = index
+        return [sse_event(body)]
 
     def usage(self, usage: R.Usage) -> str:  # the counts are in every event already
         return ""
-
-
-# --- the server -----------------------------------------------------------------------------

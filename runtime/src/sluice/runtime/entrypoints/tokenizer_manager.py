@@ -29,11 +29,17 @@ from sluice.runtime.ipc.messages import (
     SamplingParams,
     SchedulerReady,
     SchedulerStats,
+    TextUpdate,
     TokenizedGenerateReq,
 )
 from sluice.runtime.ipc.sockets import PortArgs, push_socket, recv_async, send
 
 logger = logging.getLogger("sluice.tokenizer_manager")
+
+
+# the message of a request ended through POST /abort_request (reported in band, not an error)
+ABORTED_BY_REQUEST = "aborted through /abort_request"
+WARMUP_RID = "warmup"  # the server's own first generation (launch.warm_up)
 
 
 @dataclass
@@ -47,6 +53,10 @@ class GenerateChunk:
     completion_tokens: int
     cached_tokens: int
     logprobs: list[float]
+    # per new token: the k best (token id, logprob), best first (top_logprobs_num > 0)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # prompt logprobs (logprob_start_len >= 0), in the first update only
+    input_logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -54,6 +64,7 @@ class _ReqState:
     queue: asyncio.Queue[GenerateChunk] = field(default_factory=asyncio.Queue)
     created: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    abort_requested: bool = False
 
 
 class TokenizerManager:
@@ -68,6 +79,7 @@ class TokenizerManager:
         self.served_model_name = served_model_name
         self.ready_info = ready
         self.context_len = ready.context_len
+        self.features = frozenset(ready.features)
         self.is_ready = False
         self.draining = False
         self.stats = SchedulerStats(max_total_tokens=ready.max_total_tokens)
@@ -160,6 +172,29 @@ class TokenizerManager:
                     if hasattr(listener, "on_abort"):
                         listener.on_abort(internal, state)
 
+    def abort(self, rid: str) -> list[str]:
+        """POST /abort_request: end the request the client named `rid` and its n>1 choices
+        (`rid-0`, ...); their generators then finish with an in-band abort. Returns the
+        client rids aborted."""
+        named = [r for r in self._client_rids if r == rid or _is_choice_of(r, rid)]
+        return self._abort(named)
+
+    def abort_all(self) -> list[str]:
+        named = {internal: client for client, internal in self._client_rids.items()}
+        everything = [named.get(i, i) for i in self._states if named.get(i) != WARMUP_RID]
+        return self._abort(everything)
+
+    def _abort(self, rids: list[str]) -> list[str]:
+        for rid in rids:
+            internal = self._client_rids.get(rid, rid)
+            state = self._states.get(internal)
+            if state is None:
+                continue
+            state.abort_requested = True
+            logger.info("request aborted rid=%s reason=abort-request", rid)
+            send(self._to_scheduler, AbortReq(internal))
+        return rids
+
     async def _receive_loop(self) -> None:
         while True:
             msg = await recv_async(self._from_detokenizer)
@@ -176,14 +211,19 @@ class TokenizerManager:
             state = self._states.get(u.rid)
             if state is None:  # aborted: the client is gone
                 continue
+            finished = u.finished
+            if state.abort_requested and finished is not None and finished.kind == "abort":
+                finished = FinishReason("abort", message=ABORTED_BY_REQUEST)
             chunk = GenerateChunk(
                 text=u.text,
                 token_ids=u.new_token_ids,
-                finished=u.finished,
+                finished=finished,
                 prompt_tokens=u.prompt_tokens,
                 completion_tokens=u.completion_tokens,
                 cached_tokens=u.cached_tokens,
                 logprobs=u.logprobs,
+                top_logprobs=_top_pairs(u),
+                input_logprobs=u.input_token_logprobs,
             )
             for listener in self.listeners:
                 listener.on_chunk(u.rid, chunk, state)
@@ -194,3 +234,15 @@ class TokenizerManager:
             self._loop_task.cancel()
         self._ctx.destroy(linger=0)
         self._sync_ctx.destroy(linger=0)
+
+
+def _is_choice_of(rid: str, parent: str) -> bool:
+    head, sep, tail = rid.rpartition("-")
+    return bool(sep) and head == parent and tail.isdigit()
+
+
+def _top_pairs(u: TextUpdate) -> list[list[tuple[int, float]]]:
+    return [
+        list(zip(ids, values, strict=True))
+        for ids, values in zip(u.top_logprob_ids, u.top_logprob_values, strict=True)
+    ]

@@ -16,9 +16,41 @@ from sluice.runtime.ipc.codec import register
 
 
 @register
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's output must match (constrained decoding). Built and validated by the
+    API layer (`entrypoints/constraints.py`); compiled in the scheduler process by
+    `sluice.runtime.constrained.GrammarCompiler`, which caches per (kind, spec, strict).
+
+    kind: one of `sluice.runtime.constrained.CONSTRAINT_KINDS`:
+      "json_schema" (spec: the schema as JSON text), "json_object" (spec: ""; any JSON
+      object), "regex" (spec: the pattern), "choice" (spec: a JSON list of strings; the
+      output is exactly one of them), "ebnf" (spec: an xgrammar/GBNF grammar, rule `root`),
+      "lark" (spec: a Lark grammar, rule `start`).
+    strict: json_schema only: True forbids properties and array items the schema does not
+      declare (OpenAI's `strict`); False follows JSON Schema literally (unlisted properties
+      allowed unless `additionalProperties: false`).
+    """
+
+    kind: str
+    spec: str
+    strict: bool = True
+
+
+@register
 @dataclass
 class SamplingParams:
-    """Per-request sampling and stopping. Validated by the API layer before it is sent."""
+    """Per-request sampling and stopping. Validated by the API layer before it is sent.
+
+    The fields after `logprobs` are set by the API and wired by the scheduler and sampler:
+    - `constraint`: constrained decoding (None: unconstrained); see `Constraint`.
+    - `return_logprob`: SGLang's name; the API sets `logprobs` and this together.
+    - `top_logprobs_num`: top-k alternatives per output position (0: only the chosen
+      token's logprob when `logprobs`), k <= `--max-top-logprobs`.
+    - `logprob_start_len`: prompt logprobs from this prompt position on (-1: none; SGLang).
+    - `priority`: lower is served first under `--schedule-policy priority` (vLLM); 0 default.
+    - `spaces_between_special_tokens`: a detokenizer option (sent in `DetokenizeParams`).
+    """
 
     max_new_tokens: int = 128
     min_new_tokens: int = 0
@@ -35,6 +67,12 @@ class SamplingParams:
     seed: int | None = None
     skip_special_tokens: bool = True
     logprobs: bool = False
+    constraint: Constraint | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    priority: int = 0
+    spaces_between_special_tokens: bool = True
 
     @property
     def is_greedy(self) -> bool:
@@ -74,6 +112,7 @@ class DetokenizeParams:
 
     skip_special_tokens: bool = True
     stop: list[str] = field(default_factory=list)
+    spaces_between_special_tokens: bool = True
 
 
 @register
@@ -89,6 +128,11 @@ class TokenUpdate:
     completion_tokens: int
     cached_tokens: int
     detokenize: DetokenizeParams | None = None
+    # top-k alternatives per new token, best first (empty unless asked): ids and logprobs
+    top_logprob_ids: list[list[int]] = field(default_factory=list)
+    top_logprob_values: list[list[float]] = field(default_factory=list)
+    # prompt logprobs from logprob_start_len on, in a request's first update only
+    input_token_logprobs: list[float] = field(default_factory=list)
 
 
 @register
@@ -110,6 +154,9 @@ class TextUpdate:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    top_logprob_ids: list[list[int]] = field(default_factory=list)
+    top_logprob_values: list[list[float]] = field(default_factory=list)
+    input_token_logprobs: list[float] = field(default_factory=list)
 
 
 @register
@@ -166,3 +213,6 @@ class SchedulerReady:
     dtype: str
     attention_backend: str
     model_context_len: int = 0  # the model's own limit, before the KV pool clipped it
+    # what the scheduler implements beyond plain sampling; the API refuses a request that
+    # needs a feature not listed (names in `sluice.runtime.features`)
+    features: list[str] = field(default_factory=list)
