@@ -6,6 +6,7 @@ benchmark's `launched_server`; this adds what tests ask of a running server.
 
 from __future__ import annotations
 
+import json
 import shlex
 import socket
 import sys
@@ -74,12 +75,14 @@ class Hold:
         """Freeze once `requests` live requests have `tokens` output tokens each."""
         (self.folder / ARM).write_text(f"{tokens} {requests}")
 
-    def wait_held(self, timeout: float = 120.0) -> None:
+    def wait_held(self, timeout: float = 120.0) -> dict[str, Any]:
+        """Wait for the hold; returns the scheduler stats it published when it froze."""
         deadline = time.monotonic() + timeout
         while not (self.folder / HELD).exists():
             if time.monotonic() > deadline:
                 raise AssertionError(f"the scheduler did not reach the armed hold in {timeout}s")
             time.sleep(0.01)
+        return json.loads((self.folder / HELD).read_text())
 
     def release(self) -> None:
         (self.folder / HELD).unlink()

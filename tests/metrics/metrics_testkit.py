@@ -214,13 +214,25 @@ def load_held_at(
     try:
         eventually(lambda: scrape(runtime.url).value(C.METRIC_QUEUE_REQUESTS) == len(requests), 60)
         runtime.hold.resume()
-        runtime.hold.wait_held()
-        held = scrape(runtime.url)
+        published = runtime.hold.wait_held()
+        # the frozen state's stats reach the API process through the detokenizer: wait for them
+        held = eventually(lambda: _showing(scrape(runtime.url), published), timeout=30)
     finally:
         runtime.hold.disarm()
         sender.join(120)
     (run,) = outcome
     return held, run
+
+
+def _showing(s: Scrape, stats: dict[str, Any]) -> Scrape | None:
+    """`s` if it shows these scheduler stats (the gauges a test looks at), else None."""
+    shown = (
+        s.value(C.METRIC_QUEUE_REQUESTS),
+        s.value(C.METRIC_RUNNING_REQUESTS),
+        s.value(C.METRIC_KV_TOKEN_USAGE),
+    )
+    want = (stats["queue_requests"], stats["running_requests"], stats["kv_token_usage"])
+    return s if shown == want else None
 
 
 class BackgroundLoad:

@@ -10,7 +10,8 @@ be running in the overlap loop. So nothing here knows about overlap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +37,10 @@ class RowInput:
     token_start: int
     tokens: list[int]
     sample: bool
+    # prompt logprobs: the logits at positions [logprob_start, + len(logprob_targets)) give
+    # the logprob of each target (the token at the next position)
+    logprob_start: int = 0
+    logprob_targets: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -49,9 +54,20 @@ class SamplingInput:
 
 
 @dataclass(frozen=True)
+class VocabMask:
+    """A token bitmask over the sampled rows (constrained decoding), int32 `[rows, V/32]`,
+    or None when no row is constrained after all. The scheduler may still be computing it
+    (overlap loop: it needs the previous batch's tokens first); the worker waits for it
+    just before sampling, after the model's forward."""
+
+    result: Future[torch.Tensor | None] = field(default_factory=Future)
+
+
+@dataclass(frozen=True)
 class ForwardInput:
     rows: list[RowInput]
     sampling: list[SamplingInput]  # one per row with `sample`, in row order
+    vocab_mask: VocabMask | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -64,8 +80,11 @@ class ForwardInput:
 
 @dataclass(frozen=True)
 class ForwardOutput:
-    """Per row with `sample` (in row order): the token and, when asked, its logprob."""
+    """Per row with `sample` (in row order): the token and, when asked, its logprob and the
+    raw distribution's best tokens; per row (all rows): its prompt logprobs, if asked."""
 
     token_ids: list[int]
     logprobs: list[float | None]
     forward_seconds: float = 0.0
+    top_logprobs: list[tuple[list[int], list[float]] | None] = field(default_factory=list)
+    prompt_logprobs: list[list[float]] = field(default_factory=list)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from sluice.runtime import features as FEATURES
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
 from sluice.runtime.attention.registry import create_model_backend, resolve_backend_name
@@ -178,6 +179,7 @@ class ModelWorker:
             dtype=str(self.dtype).removeprefix("torch."),
             attention_backend=self.attention_backend_name,
             model_context_len=self.pool.model_context_len,
+            features=sorted(FEATURES.ALL),
         )
 
     def device_row(self, row: int, n: int) -> list[int]:
@@ -213,7 +215,11 @@ class ModelWorker:
         self._write_tables(fi.rows)
         token_rows: list[int] = []
         positions: list[int] = []
+        extra: list[int] = []  # token indices whose logits give prompt logprobs
         for r in fi.rows:
+            if r.logprob_targets:
+                first = len(positions) + r.logprob_start - r.start
+                extra += range(first, first + len(r.logprob_targets))
             token_rows += [r.row] * r.length
             positions += range(r.start, r.start + r.length)
         rows_t, pos_t = self._long(token_rows), self._long(positions)
@@ -234,6 +240,7 @@ class ModelWorker:
             extend_lens_cpu=lens,
             req_to_token=self.req_to_token,
             kv=self.kv,
+            extra_logit_indices=self._long(extra) if extra else None,
         )
         if self.args.enable_deterministic_inference:
             fb = fb.padded(ROW_MULTIPLE)
@@ -248,9 +255,11 @@ class ModelWorker:
             logits = self.graph_runner.replay(fb)
         else:
             logits = self.model.forward(fb)
+        prompt_logprobs = self._prompt_logprobs(fi, logits[len(fi.rows) :])
+        logits = logits[: len(fi.rows)]
         sampled = [r for r in fi.rows if r.sample]
         if not sampled:
-            return ForwardOutput([], [], time.perf_counter() - began)
+            return ForwardOutput([], [], time.perf_counter() - began, [], prompt_logprobs)
         if len(sampled) < len(fi.rows):
             logits = logits[self._long([i for i, r in enumerate(fi.rows) if r.sample])]
         history = None
@@ -259,9 +268,31 @@ class ModelWorker:
         if needs_history(fi.sampling):
             width = max(next_pos)
             history = TokenHistory(self.token_table[rows_t, :width], self._long(next_pos))
-        out = sample(logits, fi.sampling, history)
+        mask = fi.vocab_mask.result.result() if fi.vocab_mask is not None else None
+        out = sample(logits, fi.sampling, history, mask)
         self.token_table[rows_t, self._long(next_pos)] = out.token_ids.to(self.token_table.dtype)
-        logprobs: list[float | None] = (
-            out.logprobs.tolist() if out.logprobs is not None else [None] * len(sampled)
+        n = len(sampled)
+        logprobs: list[float | None] = out.logprobs.tolist() if out.logprobs is not None else [None] * n
+        top: list[tuple[list[int], list[float]] | None] = [None] * n
+        if out.top_ids is not None and out.top_logprobs is not None:
+            ids, values = out.top_ids.tolist(), out.top_logprobs.tolist()
+            for i, s in enumerate(fi.sampling):
+                k = s.params.top_logprobs_num
+                if k > 0:
+                    top[i] = (ids[i][:k], values[i][:k])
+        return ForwardOutput(
+            out.token_ids.tolist(), logprobs, time.perf_counter() - began, top, prompt_logprobs
         )
-        return ForwardOutput(out.token_ids.tolist(), logprobs, time.perf_counter() - began)
+
+    def _prompt_logprobs(self, fi: ForwardInput, extra_logits: torch.Tensor) -> list[list[float]]:
+        """Per row, the logprob of each of its `logprob_targets` (empty lists when none)."""
+        if not any(r.logprob_targets for r in fi.rows):
+            return []
+        targets = self._long([t for r in fi.rows for t in r.logprob_targets])
+        picked = torch.log_softmax(extra_logits[: targets.numel()].float(), dim=-1)
+        values = picked.gather(1, targets[:, None])[:, 0].tolist()
+        out, at = [], 0
+        for r in fi.rows:
+            out.append(values[at : at + len(r.logprob_targets)])
+            at += len(r.logprob_targets)
+        return out

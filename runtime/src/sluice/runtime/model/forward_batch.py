@@ -40,6 +40,8 @@ class ForwardBatch:
     req_to_token: torch.Tensor  # [max_running_requests, max_context_len] int32
     kv: KVBuffers
     return_all_logits: bool = False  # tests: logits at every position, not only the last
+    # more token indices whose logits are wanted (prompt logprobs), after the last tokens'
+    extra_logit_indices: torch.Tensor | None = None
     # deterministic mode: every matmul's row count is a multiple of this (see `padded`)
     row_multiple: int = 1
 

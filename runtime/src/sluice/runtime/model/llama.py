@@ -114,7 +114,8 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """fp32 logits `[batch_size, vocab]` at each request's last new token.
 
-        With `batch.return_all_logits`, `[num_tokens, vocab]` at every new token. Calls the
+        With `batch.return_all_logits`, `[num_tokens, vocab]` at every new token; with
+        `batch.extra_logit_indices`, those tokens' rows follow the last tokens' ones. Calls the
         backend's `init_forward_metadata` first, so callers only build the batch.
         """
         self.attn_backend.init_forward_metadata(batch)
@@ -123,7 +124,10 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, batch, self.attn_backend)
         if not batch.return_all_logits:
-            hidden = hidden[batch.last_token_indices]
+            wanted = batch.last_token_indices
+            if batch.extra_logit_indices is not None:
+                wanted = torch.cat([wanted, batch.extra_logit_indices])
+            hidden = hidden[wanted]
         rows = hidden.shape[0]
         if batch.row_multiple > 1:  # deterministic mode: a batch-invariant row count
             padded = max(batch.row_multiple, -(-rows // batch.row_multiple) * batch.row_multiple)

@@ -38,6 +38,9 @@ class TokenHistory:
 class SampleOutput:
     token_ids: torch.Tensor  # [B] int64, on the logits' device
     logprobs: torch.Tensor | None  # [B] float32 of the raw distribution, when any row asked
+    # the raw distribution's k best (k = the largest top_logprobs_num asked), best first
+    top_ids: torch.Tensor | None = None  # [B, k] int64
+    top_logprobs: torch.Tensor | None = None  # [B, k] float32
 
 
 def needs_penalty(p: SamplingParams) -> bool:
@@ -116,13 +119,17 @@ def draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> t
 
 
 def sample(
-    logits: torch.Tensor, rows: Sequence[SamplingInput], history: TokenHistory | None = None
+    logits: torch.Tensor,
+    rows: Sequence[SamplingInput],
+    history: TokenHistory | None = None,
+    vocab_mask: torch.Tensor | None = None,
 ) -> SampleOutput:
-    """Next token for every row of `logits` (`[len(rows), vocab]`)."""
+    """Next token for every row of `logits` (`[len(rows), vocab]`); `vocab_mask` is a token
+    bitmask over the rows (constrained decoding), applied after the penalties."""
     logits = logits.float()
-    raw = (
-        torch.log_softmax(logits, dim=-1) if any(r.params.logprobs for r in rows) else None
-    )
+    top_k = max((r.params.top_logprobs_num for r in rows), default=0)
+    wants_logprobs = top_k > 0 or any(r.params.logprobs for r in rows)
+    raw = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
     x = logits
     banned = [(i, r.banned_ids) for i, r in enumerate(rows) if r.banned_ids]
     if banned:
@@ -137,11 +144,21 @@ def sample(
         part = TokenHistory(history.ids[pick], history.lengths[pick])
         x = x.clone() if x is logits else x
         x[pick] = apply_penalties(x[pick], [rows[i] for i in penalised], part)
+    if vocab_mask is not None:
+        from sluice.runtime.constrained import apply_token_bitmask
+
+        x = x.clone() if x is logits else x
+        apply_token_bitmask(x, vocab_mask, range(len(rows)))
     tokens = torch.argmax(x, dim=-1)
     random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     if random_rows:
         pick = torch.tensor(random_rows, device=x.device)
         probs = warp(x[pick], [rows[i].params for i in random_rows]).softmax(dim=-1)
         tokens[pick] = draw(probs, [rows[i].generator for i in random_rows])
-    logprobs = raw.gather(1, tokens[:, None])[:, 0] if raw is not None else None
-    return SampleOutput(tokens, logprobs)
+    if raw is None:
+        return SampleOutput(tokens, None)
+    logprobs = raw.gather(1, tokens[:, None])[:, 0]
+    if top_k == 0:
+        return SampleOutput(tokens, logprobs)
+    best = raw.topk(top_k, dim=-1)
+    return SampleOutput(tokens, logprobs, best.indices, best.values)

@@ -80,9 +80,16 @@ def token_output(reqs: list[Req]) -> BatchTokenIDOut:
                 prompt_tokens=len(r.input_ids),
                 completion_tokens=len(r.output_ids),
                 cached_tokens=r.cached_tokens,
-                detokenize=DetokenizeParams(r.sampling.skip_special_tokens, list(r.sampling.stop))
+                detokenize=DetokenizeParams(
+                    r.sampling.skip_special_tokens,
+                    list(r.sampling.stop),
+                    r.sampling.spaces_between_special_tokens,
+                )
                 if first
                 else None,
+                top_logprob_ids=[ids for ids, _ in r.output_top_logprobs[r.sent_len :]],
+                top_logprob_values=[vals for _, vals in r.output_top_logprobs[r.sent_len :]],
+                input_token_logprobs=list(r.input_logprobs) if first else [],
             )
         )
         r.sent_len = len(r.output_ids)

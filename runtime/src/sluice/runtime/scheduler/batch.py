@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluice.runtime.engine.forward_input import ForwardInput, RowInput, SamplingInput
+from sluice.runtime.engine.forward_input import ForwardInput, RowInput, SamplingInput, VocabMask
 from sluice.runtime.model.forward_batch import ForwardMode
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.request import Req
@@ -45,6 +45,7 @@ def forward_input(
     cache: KVCacheManager,
     eos_token_ids: frozenset[int],
     in_flight: Callable[[Req], int],
+    vocab_mask: VocabMask | None = None,
 ) -> ForwardInput:
     """The forward for `batch`; records on each request what its table rows will hold."""
     rows: list[RowInput] = []
@@ -55,6 +56,7 @@ def forward_input(
         assert req.row is not None
         end = start + length
         slot_start, token_start = req.table_slots, min(req.table_tokens, end)
+        logprob_start, targets = _prompt_logprob_targets(req, start, end)
         rows.append(
             RowInput(
                 row=req.row,
@@ -65,13 +67,28 @@ def forward_input(
                 token_start=token_start,
                 tokens=req.tokens(token_start, end),
                 sample=sample,
+                logprob_start=logprob_start,
+                logprob_targets=targets,
             )
         )
         req.table_slots = end
         req.table_tokens = end + 1 if sample else end  # the sampled token lands at `end`
         if sample:
             sampling.append(_sampling_input(req, eos_token_ids, in_flight(req)))
-    return ForwardInput(rows, sampling)
+    return ForwardInput(rows, sampling, vocab_mask)
+
+
+def _prompt_logprob_targets(req: Req, start: int, end: int) -> tuple[int, list[int]]:
+    """Positions of [start, end) whose logits give a still wanted prompt logprob (that of
+    the token after each), as (first position, those next tokens)."""
+    wanted = req.prompt_logprob_from
+    if wanted is None:
+        return 0, []
+    first = max(start, wanted - 1)
+    last = min(end, len(req.input_ids) - 1)  # the last prompt token predicts an output
+    if first >= last:
+        return 0, []
+    return first, req.input_ids[first + 1 : last + 1]
 
 
 def _sampling_input(req: Req, eos_token_ids: frozenset[int], in_flight: int) -> SamplingInput:

@@ -71,8 +71,12 @@ class KVCacheManager:
     # ---- prefix reuse -------------------------------------------------------------------
     @staticmethod
     def _matchable(req: Req) -> list[int]:
-        # at least one token is left to compute: its logits give the next token
-        return req.tokens(0, req.seq_len - 1)
+        # at least one token is left to compute: its logits give the next token; and every
+        # position whose logits give a wanted prompt logprob is computed, not reused
+        end = req.seq_len - 1
+        if (wanted := req.prompt_logprob_from) is not None:
+            end = min(end, wanted - 1)
+        return req.tokens(0, max(end, 0))
 
     def peek(self, req: Req) -> int:
         """Cached prefix length of a request, changing nothing (for admission policies)."""

@@ -11,8 +11,11 @@ process entry point). Protocol, all through files in that folder:
 
 1. the test writes `arm` holding "N" or "N M" (M defaults to 1);
 2. after the first tick at whose end at least M live requests have at least N output tokens
-   each, the scheduler publishes its stats, renames `arm` to `held`, and waits;
-3. the test sees `held`, looks at whatever it needs, and deletes `held`: the scheduler goes on.
+   each, the scheduler publishes its stats, writes them (JSON) to `held`, removes `arm`,
+   and waits;
+3. the test sees `held`, waits until the server shows the stats written there (they travel
+   to the API process through the detokenizer), looks at whatever it needs, and deletes
+   `held`: the scheduler goes on.
 
 And, so that requests a test sends "at once" are scheduled at once however the client's
 sends are spread in time: while `pause` exists the scheduler takes requests in and
@@ -21,11 +24,13 @@ publishes its stats but runs no tick.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ENV_HOLD_DIR = "SLUICE_TEST_HOLD_DIR"
 POLL_S = 0.01
@@ -53,16 +58,22 @@ class HoldGate:
             return None
         return (values[0], values[1] if len(values) > 1 else 1) if values else None
 
-    def hold_if_reached(self, output_lens: list[int], before_hold: Callable[[], None]) -> bool:
-        """Hold (until released) when armed and enough of `output_lens` reached the mark."""
+    def hold_if_reached(
+        self, output_lens: list[int], publish: Callable[[], dict[str, Any]]
+    ) -> bool:
+        """Hold (until released) when armed and enough of `output_lens` reached the mark;
+        `publish` sends the stats and returns what it sent."""
         armed = self.armed_at()
         if armed is None:
             return False
         tokens, requests = armed
         if sum(1 for n in output_lens if n >= tokens) < requests:
             return False
-        before_hold()
-        os.replace(self.folder / ARM, self.folder / HELD)
+        published = publish()
+        tmp = self.folder / f"{HELD}.tmp"
+        tmp.write_text(json.dumps(published))
+        os.replace(tmp, self.folder / HELD)
+        (self.folder / ARM).unlink(missing_ok=True)
         while (self.folder / HELD).exists():
             time.sleep(POLL_S)
         return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -11,9 +12,11 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import Any
 
 import zmq
 
+from sluice.runtime.constrained import GrammarCompiler
 from sluice.runtime.engine.executor import SyncExecutor, ThreadExecutor
 from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.ipc.messages import SchedulerStats
@@ -28,6 +31,7 @@ from sluice.runtime.ipc.sockets import (
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.request_slots import RequestSlots
 from sluice.runtime.scheduler.cache import KVCacheManager
+from sluice.runtime.scheduler.grammar import GrammarQueue
 from sluice.runtime.scheduler.hold_gate import HoldGate
 from sluice.runtime.scheduler.policy import PolicyConfig
 from sluice.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -68,12 +72,16 @@ def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
         max_prefill_streak=args.max_prefill_streak,
     )
     executor = SyncExecutor(worker) if args.disable_overlap_schedule else ThreadExecutor(worker)
+    grammars = GrammarQueue(
+        GrammarCompiler(worker.tokenizer, worker.model_config.vocab_size, worker.eos_token_ids)
+    )
     return Scheduler(
         config,
         cache,
         executor,
         worker.eos_token_ids,
         decode_text=worker.decode_text,
+        grammars=grammars,
     )
 
 
@@ -159,10 +167,14 @@ def serve_forever(
         if stats is not None:
             send(outbox, stats)
         if hold_gate is not None:
-            hold_gate.hold_if_reached(
-                [len(r.output_ids) for r in scheduler.live_requests()],
-                lambda: send(outbox, publisher.poll(scheduler, time.monotonic(), force=True)),
-            )
+
+            def publish() -> dict[str, Any]:
+                held = publisher.poll(scheduler, time.monotonic(), force=True)
+                assert held is not None
+                send(outbox, held)
+                return dataclasses.asdict(held)
+
+            hold_gate.hold_if_reached([len(r.output_ids) for r in scheduler.live_requests()], publish)
 
 
 @dataclass

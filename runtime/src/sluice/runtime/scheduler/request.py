@@ -43,6 +43,11 @@ class Req:
     generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    # per output token, the raw distribution's best (ids, logprobs) when top_logprobs_num > 0
+    output_top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    # prompt logprobs (logprob_start_len >= 0), gathered over the prompt's prefill chunks
+    input_logprobs: list[float] = field(default_factory=list)
+    matcher: Any = None  # constrained decoding: a GrammarMatcher in step with output_ids
     finish_reason: FinishReason | None = None
     # resources
     row: int | None = None
@@ -75,6 +80,14 @@ class Req:
     @property
     def fill_ids(self) -> list[int]:
         return self.tokens(0, self.seq_len)
+
+    @property
+    def prompt_logprob_from(self) -> int | None:
+        """First prompt position whose logprob is still wanted (None: none is)."""
+        start = self.sampling.logprob_start_len
+        if start < 0 or self.retractions:
+            return None
+        return max(1, start) + len(self.input_logprobs)
 
     @property
     def extend_len(self) -> int:

@@ -45,6 +45,7 @@ from sluice.runtime.scheduler.accounting import Counters, TickResult, TickTiming
 from sluice.runtime.scheduler.batch import ScheduledBatch, forward_input
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.decode import DecodeManager, DecodeRows, NeedSync, NewTokenRatio
+from sluice.runtime.scheduler.grammar import GrammarQueue, PendingMask, accept, pending_mask
 from sluice.runtime.scheduler.overlap import InFlight, Launched
 from sluice.runtime.scheduler.policy import PolicyConfig
 from sluice.runtime.scheduler.prefill import PrefillBatch, PrefillBudget, PrefillManager
@@ -79,6 +80,7 @@ class Scheduler:
         executor: Executor,
         eos_token_ids: list[int],
         decode_text: Callable[[list[int], bool], str] | None = None,
+        grammars: GrammarQueue | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
@@ -90,6 +92,8 @@ class Scheduler:
             cache, NewTokenRatio(init=config.init_new_token_ratio), config.retraction_policy
         )
         self.inflight = InFlight()
+        self.grammars = grammars
+        self._mask_to_fill: PendingMask | None = None
         self.timing = TickTiming()
         self.counters = Counters()
         seeded = config.random_seed >= 0
@@ -107,7 +111,12 @@ class Scheduler:
     # ---- intake -------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return self.prefill.runnable or self.decode.runnable or self.inflight.launched is not None
+        return (
+            self.prefill.runnable
+            or self.decode.runnable
+            or self.inflight.launched is not None
+            or bool(self.grammars)
+        )
 
     def live_requests(self) -> list[Req]:
         """Requests holding (or about to hold) KV pages and rows."""
@@ -151,7 +160,13 @@ class Scheduler:
             return
         sp.max_new_tokens = min(sp.max_new_tokens, room)
         self._requests[req.rid] = req
-        self.prefill.add(req)
+        if sp.constraint is not None:
+            if self.grammars is None:
+                self._finish(req, FinishReason("abort", message="constrained decoding is off"))
+                return
+            self.grammars.add(req)  # admitted once its grammar has compiled
+        else:
+            self.prefill.add(req)
 
     def abort(self, rid: str) -> None:
         req = self._requests.get(rid)
@@ -183,9 +198,10 @@ class Scheduler:
         t1 = time.perf_counter()
         previous = self.inflight.take()
         if isinstance(batch, ScheduledBatch):
-            self._launch(batch)
+            self._launch(batch, mask_now=previous is None)
         t2 = time.perf_counter()
         self._complete(previous)
+        self._fill_mask()
         if not isinstance(batch, ScheduledBatch):
             if previous is None:
                 self.on_idle()
@@ -197,6 +213,12 @@ class Scheduler:
     # ---- choosing a batch ---------------------------------------------------------------
     def _schedule(self, allow_retract: bool) -> ScheduledBatch | NeedSync | None:
         self._retracted = []
+        if self.grammars:
+            compiled, failed = self.grammars.ready()
+            for req in compiled:
+                self.prefill.add(req)
+            for req, reason in failed:
+                self._finish(req, reason)
         decoding = self.decode.runnable
         mixed = self.config.mixed_chunk
         prefill: PrefillBatch | None = None
@@ -271,10 +293,25 @@ class Scheduler:
         return ScheduledBatch(reqs, starts, lens, sample, n) if reqs else None
 
     # ---- running and processing ---------------------------------------------------------
-    def _launch(self, batch: ScheduledBatch) -> None:
-        fi = forward_input(batch, self.cache, self.eos_token_ids, self.inflight.tokens_in_flight)
+    def _launch(self, batch: ScheduledBatch, mask_now: bool = True) -> None:
+        """Submit `batch`. A constrained row's mask needs every earlier token accepted: with
+        `mask_now` False (overlap, the previous batch unprocessed) it is filled by
+        `_fill_mask` after the previous result, while the forward runs."""
+        sampled = [r for r, s in zip(batch.reqs, batch.sample, strict=True) if s]
+        pending = pending_mask(self.grammars, sampled)
+        mask = pending.mask if pending is not None else None
+        fi = forward_input(batch, self.cache, self.eos_token_ids, self.inflight.tokens_in_flight, mask)
+        if pending is not None and mask_now:
+            pending.fill(self.grammars)  # type: ignore[arg-type]
+            pending = None
+        self._mask_to_fill = pending
         result: Future[ForwardOutput] = self.executor.submit(fi)
         self.inflight.launch(batch, result)
+
+    def _fill_mask(self) -> None:
+        if self._mask_to_fill is not None:
+            pending, self._mask_to_fill = self._mask_to_fill, None
+            pending.fill(self.grammars)  # type: ignore[arg-type]
 
     def _complete(self, launched: Launched | None) -> None:
         if launched is None:
@@ -287,20 +324,27 @@ class Scheduler:
         self.inflight.release_unused(self.cache)
 
     def _process_result(self, batch: ScheduledBatch, out: ForwardOutput) -> None:
-        sampled = iter(zip(out.token_ids, out.logprobs, strict=True))
+        tops = out.top_logprobs or [None] * len(out.token_ids)
+        sampled = iter(zip(out.token_ids, out.logprobs, tops, strict=True))
         for i, req in enumerate(batch.reqs):
             if i >= batch.num_decode and not req.is_finished:
                 # a computed prompt (or chunk) is shareable at once, not only when it finishes
                 self.cache.cache_unfinished(req, batch.starts[i] + batch.lens[i])
+                if out.prompt_logprobs:
+                    req.input_logprobs.extend(out.prompt_logprobs[i])
             if not batch.sample[i]:  # an intermediate chunk samples no token
                 continue
-            token, logprob = next(sampled)
+            token, logprob, top = next(sampled)
             if req.is_finished:  # finished or aborted while this forward ran: drop the token
                 continue
             req.output_ids.append(token)
             if req.sampling.logprobs:
                 req.output_logprobs.append(logprob if logprob is not None else 0.0)
+            if top is not None:
+                req.output_top_logprobs.append(top)
             self.counters.generated_tokens += 1
+            if (grammar_end := accept(req, token)) is not None:
+                req.finish(grammar_end)
             req.check_finished_after(token)
             if not req.is_finished and self.stop_matcher and req.sampling.stop:
                 self.stop_matcher.check(req)
@@ -313,8 +357,8 @@ class Scheduler:
         """End a request wherever it is; its row and pages go back exactly once (after the
         in-flight batch, if that batch still uses them)."""
         req.finish(reason or FinishReason("abort"))
-        if not self.prefill.remove(req):
-            self.decode.remove(req)
+        if not self.prefill.remove(req) and not self.decode.remove(req) and self.grammars:
+            self.grammars.remove(req)
         self._requests.pop(req.rid, None)
         self._outbox.append(req)
         self.inflight.release_or_defer(req, self.cache)

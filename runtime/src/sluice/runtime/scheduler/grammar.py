@@ -1,0 +1,104 @@
+"""Constrained requests before and during decoding: their grammars and the vocab mask.
+
+A request with a constraint waits here (not in the waiting queue) while its grammar
+compiles on the compiler's threads; `ready()` hands the compiled ones, in arrival order,
+to admission with a fresh matcher. While it runs, its matcher holds exactly the tokens the
+host has processed (`accept`), so a retracted request resumes in the same grammar state
+and a token dropped in flight is never accepted.
+
+The mask of a batch is filled from the matchers when the previous batch's tokens have been
+accepted: at launch in the normal loop, after the previous result in the overlap loop (the
+forward thread waits for it before sampling, see `VocabMask`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from sluice.runtime.constrained import (
+    CompiledGrammar,
+    GrammarCompiler,
+    GrammarError,
+    GrammarMatcher,
+    allocate_token_bitmask,
+)
+from sluice.runtime.engine.forward_input import VocabMask
+from sluice.runtime.ipc.messages import FinishReason
+from sluice.runtime.scheduler.request import Req
+
+
+@dataclass
+class GrammarQueue:
+    compiler: GrammarCompiler
+    pending: dict[int, tuple[Req, Future[CompiledGrammar]]] = field(default_factory=dict)
+
+    def add(self, req: Req) -> None:
+        assert req.sampling.constraint is not None
+        self.pending[id(req)] = (req, self.compiler.compile_async(req.sampling.constraint))
+
+    def remove(self, req: Req) -> bool:
+        return self.pending.pop(id(req), None) is not None
+
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    def ready(self) -> tuple[list[Req], list[tuple[Req, FinishReason]]]:
+        """Requests whose grammar compiled (matcher attached), and those whose failed."""
+        done, failed = [], []
+        for key, (req, future) in list(self.pending.items()):
+            if not future.done():
+                continue
+            del self.pending[key]
+            try:
+                req.matcher = GrammarMatcher(future.result())
+                done.append(req)
+            except GrammarError as err:
+                failed.append((req, FinishReason("abort", message=str(err))))
+        return done, failed
+
+    def mask_for(self, reqs: Sequence[Req]) -> torch.Tensor | None:
+        """The bitmask of the sampled rows `reqs` (None when none is constrained): a running
+        matcher's allowed tokens; all allowed for a finished request (its token is dropped)."""
+        rows = [i for i, r in enumerate(reqs) if r.matcher is not None and not r.is_finished]
+        if not rows:
+            return None
+        bitmask = allocate_token_bitmask(len(reqs), self.compiler.vocab_size)
+        for i in rows:
+            reqs[i].matcher.fill_next_token_bitmask(bitmask, i)  # type: ignore[union-attr]
+        return bitmask
+
+
+def accept(req: Req, token: int) -> FinishReason | None:
+    """Advance `req`'s matcher by its new token; the finish this implies, if any."""
+    if req.matcher is None:
+        return None
+    if not req.matcher.accept_token(token):
+        return FinishReason("abort", message=f"token {token} does not match the constraint")
+    if req.matcher.is_terminated():
+        return FinishReason("stop", matched_token=token)
+    return None
+
+
+@dataclass(frozen=True)
+class PendingMask:
+    """A launched batch's mask and the sampled requests it is filled from."""
+
+    mask: VocabMask
+    reqs: list[Req]
+
+    def fill(self, queue: GrammarQueue) -> None:
+        try:
+            self.mask.result.set_result(queue.mask_for(self.reqs))
+        except Exception as err:  # the forward thread sees it when it samples
+            self.mask.result.set_exception(err)
+
+
+def pending_mask(queue: GrammarQueue | None, sampled: Sequence[Req]) -> PendingMask | None:
+    """The mask a launch needs, not filled yet (None when no sampled row is constrained)."""
+    if queue is None or not any(r.matcher is not None for r in sampled):
+        return None
+    return PendingMask(VocabMask(), list(sampled))
