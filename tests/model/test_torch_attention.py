@@ -119,8 +119,12 @@ def test_padding_tokens_leave_the_real_ones_unchanged(mode: ForwardMode) -> None
     assert torch.equal(out[batch.num_tokens :], torch.zeros_like(out[batch.num_tokens :]))
 
 
-def test_auto_picks_torch_and_later_backends_say_not_yet() -> None:
-    assert isinstance(create_attention_backend("auto", "cpu"), TorchAttentionBackend)
+def test_auto_picks_cpu_on_the_cpu_and_later_backends_say_not_yet() -> None:
+    from sluice.runtime.attention.cpu_backend import CpuAttentionBackend
+
+    assert isinstance(create_attention_backend("auto", "cpu"), CpuAttentionBackend)
+    with pytest.raises(ValueError, match="CPU only"):
+        create_attention_backend("cpu", "cuda")
     assert isinstance(create_attention_backend("torch", "cpu"), TorchAttentionBackend)
     for name in ("triton", "flashinfer"):
         with pytest.raises(ValueError, match="not available yet"):

@@ -28,7 +28,19 @@ class ServerArgs:
     host: str = option(C.DEFAULT_HOST, "Address the HTTP server binds.")
     port: int = option(C.DEFAULT_PORT, "Port the HTTP server listens on.")
     device: str = option("auto", "Device for the model: cpu, cuda or auto.", ("auto", "cpu", "cuda"))
-    dtype: str = option("auto", "Weight and activation dtype (auto: fp32 on CPU, bf16 on GPU).", C.DTYPES)
+    dtype: str = option(
+        "auto", "Weight and activation dtype (auto: bf16 on a GPU and on CPUs with native bf16, "
+        "avx512_bf16 or amx_bf16; else fp32).", C.DTYPES,
+    )
+    kv_cache_dtype: str = option(
+        "auto", "KV cache dtype (auto: the model dtype); bfloat16 halves the attention traffic.",
+        C.KV_CACHE_DTYPES,
+    )
+    quantization: str = option(
+        "none", "w8a8: int8 weights per channel and dynamic int8 activations per token "
+        "(torchao's scheme, torch's int8 GEMM; CPU only). lm_head stays unquantized.",
+        C.QUANTIZATIONS,
+    )
     page_size: int = option(1, "Tokens per KV cache page.")
     max_total_tokens: int = option(0, "KV pool size in tokens (0: derive from the memory budget).")
     cpu_kv_cache_gib: float = option(1.0, "KV pool budget in GiB on the CPU when --max-total-tokens is 0.")
@@ -80,7 +92,10 @@ class ServerArgs:
     log_level: str = option("info", "Log level.", ("debug", "info", "warning", "error"))
     model_cache_dir: str = option("", "Where converted models are cached (default ~/.cache/sluice).")
     drain_timeout: float = option(30.0, "Seconds SIGTERM waits for running requests to finish.")
-    torch_threads: int = option(0, "torch intra-op threads in the scheduler on the CPU (0: torch's default).")
+    torch_threads: int = option(
+        0, "torch intra-op threads of the model worker on the CPU (0: every core this process "
+        "may use; the tokenizer and detokenizer processes run one thread each).",
+    )
 
     @property
     def resolved_device(self) -> str:
@@ -109,6 +124,10 @@ class ServerArgs:
             problems.append("--max-total-tokens must be >= 0")
         if not 0.0 < self.mem_fraction_static < 1.0:
             problems.append("--mem-fraction-static must be in (0, 1)")
+        if self.quantization == "w8a8" and self.device == "cuda":
+            problems.append("--quantization w8a8 is implemented for the CPU only")
+        if self.quantization != "none" and self.enable_deterministic_inference:
+            problems.append("--quantization cannot be combined with --enable-deterministic-inference")
         if self.tensor_parallel_size != 1:
             problems.append(
                 "--tensor-parallel-size > 1 is not supported by this build yet; "

@@ -12,12 +12,14 @@ import torch
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
 from sluice.runtime.attention.registry import resolve_backend_name
+from sluice.runtime.engine.cpu_features import choose_dtype, choose_kv_dtype
 from sluice.runtime.ipc.messages import SchedulerReady
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
 from sluice.runtime.memory.req_to_token import ReqToTokenPool
 from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.loader import load_model, load_tokenizer
+from sluice.runtime.model.quantization import quantize_model
 from sluice.runtime.sampling.sampler import SampleOutput, SamplingRow, needs_history, sample
 from sluice.runtime.scheduler.batch import ScheduledBatch
 from sluice.runtime.scheduler.cache import KVCacheManager
@@ -25,14 +27,9 @@ from sluice.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sluice.model_worker")
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
 def resolve_dtype(name: str, device: str) -> torch.dtype:
-    if name == "auto":
-        # bf16 matmuls are slow on CPUs without bf16 instructions
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return _DTYPES[name]
+    """`--dtype` on `device`; `auto` looks at the CPU (see `cpu_features.choose_dtype`)."""
+    return choose_dtype(name, device).dtype
 
 
 def size_kv_pool(args: ServerArgs, device: str, per_token_bytes: int) -> int:
@@ -56,7 +53,10 @@ class ModelWorker:
     def __init__(self, args: ServerArgs, model_path: str | Path) -> None:
         self.args = args
         self.device = args.resolved_device
-        self.dtype = resolve_dtype(args.dtype, self.device)
+        choice = choose_dtype(args.dtype, self.device, deterministic=args.enable_deterministic_inference)
+        self.dtype, self.dtype_reason = choice.dtype, choice.reason
+        self.kv_dtype = choose_kv_dtype(args.kv_cache_dtype, self.dtype)
+        logger.info("dtype %s (%s), KV cache %s", choice.name, choice.reason, self.kv_dtype)
         if args.torch_threads > 0:
             torch.set_num_threads(args.torch_threads)
         torch.manual_seed(args.random_seed)
@@ -64,6 +64,8 @@ class ModelWorker:
         if args.enable_deterministic_inference:
             backend = BatchInvariantAttentionBackend()
         self.model, self.model_config = load_model(Path(model_path), self.device, self.dtype, backend)
+        if (quantized := quantize_model(self.model, args.quantization)) > 0:
+            logger.info("quantization %s: %d linear layers", args.quantization, quantized)
         self.tokenizer = load_tokenizer(Path(model_path))
         cfg = self.model_config
         eos = set(cfg.eos_token_ids)
@@ -71,7 +73,7 @@ class ModelWorker:
             eos.add(int(self.tokenizer.eos_token_id))
         self.eos_token_ids = sorted(eos)
 
-        per_token = bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype)
+        per_token = bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.kv_dtype)
         page = args.page_size
         total = size_kv_pool(args, self.device, per_token) // page * page
         context = args.max_context_len or cfg.context_length
@@ -90,7 +92,7 @@ class ModelWorker:
         self.cache = KVCacheManager.create(self.allocator, self.req_pool, not args.disable_radix_cache)
         logger.info(
             "KV pool: %d tokens, %.1f MiB (%d bytes/token, %s on %s)",
-            total, self.kv.total_bytes / 2**20, per_token, self.dtype, self.device,
+            total, self.kv.total_bytes / 2**20, per_token, self.kv_dtype, self.device,
         )
 
     @property
@@ -117,6 +119,10 @@ class ModelWorker:
             device=self.device,
             dtype=str(self.dtype).removeprefix("torch."),
             attention_backend=self.attention_backend_name,
+            dtype_reason=self.dtype_reason,
+            kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
+            quantization=self.args.quantization,
+            torch_threads=torch.get_num_threads(),
         )
 
     def forward(self, batch: ScheduledBatch, rows: list[SamplingRow]) -> SampleOutput:

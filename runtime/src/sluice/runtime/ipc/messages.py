@@ -131,3 +131,7 @@ class SchedulerReady:
     device: str
     dtype: str
     attention_backend: str
+    dtype_reason: str = ""
+    kv_cache_dtype: str = ""
+    quantization: str = "none"
+    torch_threads: int = 0

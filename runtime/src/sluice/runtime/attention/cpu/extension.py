@@ -1,0 +1,99 @@
+"""Build (once) and load the CPU attention kernels, `torch.ops.sluice_cpu.*`.
+
+The C++ source next to this file is compiled by `torch.utils.cpp_extension` with
+`-O3 -march=native -fopenmp` into a folder keyed by the source, the torch version and the
+CPU's flags, under the model cache dir (`$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`).
+The first process builds it (a file lock makes concurrent processes build once, ~30 s);
+later ones load the cached library. `make setup` builds it ahead of time
+(`python -m sluice.runtime.attention.cpu.extension`). Without a C++ compiler, or when the
+build fails, `load()` returns None and says why; the caller falls back to torch code.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_attention.cpp")
+NAME = "sluice_cpu_attention"
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sluice"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def build_directory(root: Path | None = None) -> Path:
+    """One folder per (source, torch, compiler flags, CPU): -march=native code is per CPU."""
+    key = "\0".join([SOURCE.read_text(), torch.__version__, " ".join(CFLAGS), _cpu_flags()])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return (root or cache_root()) / "kernels" / f"{NAME}-{digest}"
+
+
+def compiler_available() -> bool:
+    return shutil.which(os.environ.get("CXX", "c++")) is not None
+
+
+@functools.cache
+def load() -> str | None:
+    """Load the kernels; None when they are loaded, else the reason they are not."""
+    if hasattr(torch.ops, "sluice_cpu") and hasattr(torch.ops.sluice_cpu, "paged_attention"):
+        return None
+    if not compiler_available():
+        return "no C++ compiler on PATH"
+    from torch.utils import cpp_extension
+
+    folder = build_directory()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        cpp_extension.load(
+            name=NAME,
+            sources=[str(SOURCE)],
+            extra_cflags=CFLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(folder),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as err:  # a broken toolchain must not take the server down
+        logger.warning("building the CPU attention kernels failed: %s", err)
+        return f"build failed: {err}"
+    return None
+
+
+def available() -> bool:
+    return load() is None
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO)
+    reason = load()
+    if reason is not None:
+        print(f"CPU attention kernels not built: {reason}", file=sys.stderr)
+        return 1
+    print(f"CPU attention kernels ready in {build_directory()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
