@@ -55,7 +55,8 @@ TEXT = (
 
 def chat_ids(tokenizer, text: str) -> list[int]:
     messages = [{"role": "user", "content": text}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def generate(model, dtype, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
@@ -71,19 +72,7 @@ def generate(model, dtype, prompts: list[list[int]], new_tokens: int) -> list[li
 
 def perplexity(model, dtype, ids: list[int]) -> float:
     runner = Runner.create(model, 1, len(ids) + 2, dtype)
-    from sluice.runtime.model.forward_batch import ForwardBatch
-
-    original = ForwardBatch.__init__
-
-    def all_logits(self, *args, **kwargs):  # ask this one forward for every position
-        original(self, *args, **kwargs)
-        self.return_all_logits = True
-
-    ForwardBatch.__init__ = all_logits
-    try:
-        logits = runner.forward(ForwardMode.EXTEND, [ids])
-    finally:
-        ForwardBatch.__init__ = original
+    logits = runner.forward(ForwardMode.EXTEND, [ids], all_logits=True)
     logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
     nll = -logprobs.gather(1, torch.tensor(ids[1:])[:, None]).mean().item()
     return math.exp(nll)

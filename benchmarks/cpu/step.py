@@ -45,7 +45,9 @@ class Runner:
         table = (1 + torch.arange(batch * context, dtype=torch.int32)).view(batch, context)
         return cls(model, kv, table, [0] * batch)
 
-    def forward(self, mode: ForwardMode, tokens: list[list[int]]) -> torch.Tensor:
+    def forward(
+        self, mode: ForwardMode, tokens: list[list[int]], all_logits: bool = False
+    ) -> torch.Tensor:
         prefix = list(self.lens)
         extend = [len(t) for t in tokens]
         positions = [p for s, n in zip(prefix, extend, strict=True) for p in range(s, s + n)]
@@ -67,6 +69,7 @@ class Runner:
             extend_lens_cpu=extend,
             req_to_token=self.table,
             kv=self.kv,
+            return_all_logits=all_logits,
         )
         with torch.inference_mode():
             return self.model(batch)
