@@ -25,6 +25,7 @@ import zmq
 from sluice.runtime.detokenizer.incremental import IncrementalDetokenizer
 from sluice.runtime.ipc.messages import AbortReq, BatchStrOut, BatchTokenIDOut, FinishReason
 from sluice.runtime.ipc.sockets import PortArgs, pull_socket, push_socket, recv, send
+from sluice.runtime.threads import limit_helper_process_threads
 
 logger = logging.getLogger("sluice.detokenizer")
 
@@ -104,6 +105,7 @@ def run_detokenizer_process(
     try:
         from transformers import AutoTokenizer
 
+        limit_helper_process_threads()
         manager = DetokenizerManager(AutoTokenizer.from_pretrained(tokenizer_path))
         from_scheduler = pull_socket(ctx, port_args.detokenizer_input)
         to_tokenizer = push_socket(ctx, port_args.tokenizer_input)
