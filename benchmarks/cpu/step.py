@@ -8,7 +8,8 @@ Loads the bundled SmolLM2-135M (or --model-path), prefills `batch` prompts of
 prints ms per step, tokens/s, and each configuration's speed-up over the first one, all
 measured in the same run; `--profile` adds a per-op-family breakdown of one decode step
 (attention, GEMMs, the rest). Configurations: `<dtype>-<attention backend>`, with `w8a8`
-meaning bf16 plus `--quantization w8a8`.
+meaning bf16 plus `--quantization w8a8`, and a `-fused` suffix for the compiled
+RMSNorm/RoPE/SiLU ops (what the server runs on the CPU).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from sluice.runtime.memory.kv_buffers import KVBuffers
+from sluice.runtime.model import cpu_fused_ops
 from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sluice.runtime.model.loader import default_cache_dir, load_model, resolve_model_path
 from sluice.runtime.model.quantization import quantize_model
@@ -76,8 +78,11 @@ class Runner:
 
 
 def load(config: str, model_path: Path):
-    dtype_name, backend = config.split("-", 1)
+    """`<dtype>-<backend>[-fused]`: `-fused` turns on the compiled RMSNorm/RoPE/SiLU ops."""
+    dtype_name, backend, *extra = config.split("-")
     model, _ = load_model(model_path, "cpu", DTYPES[dtype_name], backend)
+    if "fused" in extra and (reason := cpu_fused_ops.enable(model)) is not None:
+        raise SystemExit(f"fused ops unavailable: {reason}")
     if dtype_name == "w8a8":
         quantize_model(model, "w8a8")
     return model, DTYPES[dtype_name]
@@ -127,7 +132,9 @@ def profile_decode(runner: Runner, batch: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-path", default="")
-    parser.add_argument("--configs", default="fp32-torch,fp32-cpu,bf16-cpu,w8a8-cpu")
+    parser.add_argument(
+        "--configs", default="fp32-torch,fp32-cpu-fused,bf16-cpu,bf16-cpu-fused,w8a8-cpu-fused"
+    )
     parser.add_argument("--batch-sizes", default="1,16,48")
     parser.add_argument("--prompt-len", type=int, default=120)
     parser.add_argument("--decode-steps", type=int, default=8)

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from sluice.runtime.attention import cpu_backend
-from sluice.runtime.attention.cpu import extension
 from sluice.runtime.attention.cpu_backend import CpuAttentionBackend, VarlenTorchAttention
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
+from sluice.runtime.kernels import cpu_extension as extension
 from sluice.runtime.memory.kv_buffers import KVBuffers
 from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 

@@ -7,11 +7,14 @@ import pytest
 import torch
 from model_harness import ModelPair, PagedRunner, assert_logits_close, prompt
 
-from sluice.runtime.attention.cpu import extension
+from sluice.runtime.kernels import cpu_extension as extension
 from sluice.runtime.memory.kv_buffers import KVBuffers
-from sluice.runtime.model.layers import Linear
+from sluice.runtime.model import cpu_fused_ops
+from sluice.runtime.model.config import RopeScaling
+from sluice.runtime.model.layers import Linear, RMSNorm, SwiGLUMLP
 from sluice.runtime.model.loader import load_model
 from sluice.runtime.model.quantization import W8A8Linear, quantize_model, torchao_available
+from sluice.runtime.model.rotary import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(
     not extension.available(), reason=f"CPU kernels not built: {extension.load()}"
@@ -55,6 +58,7 @@ def test_cpu_backend_fp32_matches_hf(model_pairs: dict[str, ModelPair], variant:
                                      page_size: int) -> None:  # fmt: skip
     pair = model_pairs[variant]
     model, _ = load_model(pair.folder, "cpu", torch.float32, attention_backend="cpu")
+    assert cpu_fused_ops.enable(model) is None
     ours, seqs = run_conversation(model, page_size, pair.config.vocab_size)
     for got, expected in zip(ours, hf_step_logits(pair.hf_model, seqs, len(ours)), strict=True):
         assert_logits_close(got, expected)
@@ -69,6 +73,7 @@ def test_bf16_is_as_close_to_fp32_as_transformers_bf16(model_pairs: dict[str, Mo
 
     pair = model_pairs[variant]
     model, _ = load_model(pair.folder, "cpu", torch.bfloat16, attention_backend="cpu")
+    assert cpu_fused_ops.enable(model) is None
     ours, seqs = run_conversation(model, 16, pair.config.vocab_size, kv_dtype=torch.bfloat16)
     hf_bf16 = AutoModelForCausalLM.from_pretrained(pair.folder, dtype=torch.bfloat16).eval()
     truth = hf_step_logits(pair.hf_model, seqs, len(ours))
@@ -126,3 +131,43 @@ def test_w8a8_model_keeps_greedy_tokens_and_lm_head(model_pairs: dict[str, Model
 def test_unknown_quantization_is_refused(model_pairs: dict[str, ModelPair]) -> None:
     with pytest.raises(ValueError, match="unknown quantization"):
         quantize_model(model_pairs["llama"].model, "w4a16")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_ops_equal_the_torch_layers(dtype: torch.dtype) -> None:
+    """bf16: the same roundings as the torch ops, so (almost) every element is bit-equal;
+    fp32: equal up to summation order."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    def check(fused: torch.Tensor, plain: torch.Tensor) -> None:
+        if dtype == torch.float32:
+            torch.testing.assert_close(fused, plain, atol=2e-6, rtol=2e-6)
+        else:
+            assert (fused != plain).float().mean().item() < 0.01
+            torch.testing.assert_close(fused, plain, atol=0.02, rtol=0.01)
+
+    norm = RMSNorm(96, 1e-6, "cpu", dtype)
+    norm.weight.data.copy_(rand(96))
+    x = rand(37, 96)
+    plain = norm(x)
+    norm.fused = True
+    check(norm(x), plain)
+
+    mlp = SwiGLUMLP(96, 80, False, "cpu", dtype)
+    mlp.gate_up_proj.weight.data.copy_(rand(160, 96) * 0.3)
+    mlp.down_proj.weight.data.copy_(rand(96, 80) * 0.3)
+    plain = mlp(x)
+    mlp.fused = True
+    check(mlp(x), plain)
+
+    rope = RotaryEmbedding(32, 10000.0, RopeScaling(), "cpu")
+    qkv = rand(37, (6 + 2 * 2) * 32)
+    q = qkv[:, : 6 * 32].view(37, 6, 32)  # non-contiguous views, as the model passes them
+    k = qkv[:, 6 * 32 : 8 * 32].view(37, 2, 32)
+    cos, sin = rope.cos_sin(torch.arange(37) * 3, dtype)
+    fused_q, fused_k = torch.ops.sluice_cpu.rotary(q, k, cos, sin)
+    check(fused_q, RotaryEmbedding.apply(q, cos, sin))
+    check(fused_k, RotaryEmbedding.apply(k, cos, sin))

@@ -1,6 +1,6 @@
 """`cpu`: paged attention for the CPU that reads K/V in place, with no padding and no gather.
 
-Decode and extend go through one compiled kernel (`attention/cpu/paged_attention.cpp`,
+Decode and extend go through one compiled kernel (`kernels/csrc/paged_attention.cpp`,
 `torch.ops.sluice_cpu.paged_attention`): each request's keys and values are read straight
 from the pool through its row of `req_to_token`, the query heads of a KV head share every
 load, long sequences are split over threads (split-KV with an online softmax), and the work
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from sluice.runtime.attention.base import AttentionBackend
-from sluice.runtime.attention.cpu import extension
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
+from sluice.runtime.kernels import cpu_extension as extension
 from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 logger = logging.getLogger(__name__)

@@ -17,6 +17,7 @@ from sluice.runtime.ipc.messages import SchedulerReady
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
 from sluice.runtime.memory.req_to_token import ReqToTokenPool
+from sluice.runtime.model import cpu_fused_ops
 from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.loader import load_model, load_tokenizer
 from sluice.runtime.model.quantization import quantize_model
@@ -64,6 +65,8 @@ class ModelWorker:
         if args.enable_deterministic_inference:
             backend = BatchInvariantAttentionBackend()
         self.model, self.model_config = load_model(Path(model_path), self.device, self.dtype, backend)
+        if self.device == "cpu" and (reason := cpu_fused_ops.enable(self.model)) is not None:
+            logger.warning("fused CPU ops unavailable (%s); running the torch ops", reason)
         if (quantized := quantize_model(self.model, args.quantization)) > 0:
             logger.info("quantization %s: %d linear layers", args.quantization, quantized)
         self.tokenizer = load_tokenizer(Path(model_path))

@@ -1,11 +1,12 @@
-"""Build (once) and load the CPU attention kernels, `torch.ops.sluice_cpu.*`.
+"""Build (once) and load the CPU kernels, `torch.ops.sluice_cpu.*`.
 
-The C++ source next to this file is compiled by `torch.utils.cpp_extension` with
+`csrc/paged_attention.cpp` (the `cpu` attention backend) and `csrc/fused_ops.cpp` (RMSNorm,
+rotary embedding, SiLU-and-multiply in one pass each) are compiled by `torch.utils.cpp_extension` with
 `-O3 -march=native -fopenmp` into a folder keyed by the source, the torch version and the
 CPU's flags, under the model cache dir (`$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`).
 The first process builds it (a file lock makes concurrent processes build once, ~30 s);
 later ones load the cached library. `make setup` builds it ahead of time
-(`python -m sluice.runtime.attention.cpu.extension`). Without a C++ compiler, or when the
+(`python -m sluice.runtime.kernels.cpu_extension`). Without a C++ compiler, or when the
 build fails, `load()` returns None and says why; the caller falls back to torch code.
 """
 
@@ -23,8 +24,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_attention.cpp")
-NAME = "sluice_cpu_attention"
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "fused_ops.cpp")]
+NAME = "sluice_cpu_kernels"
 # reassociation lets the compiler vectorise sums as trees (dot products, softmax sums);
 # infinities and NaNs keep their meaning (no -ffinite-math-only)
 CFLAGS = [
@@ -50,7 +51,8 @@ def _cpu_flags() -> str:
 
 def build_directory(root: Path | None = None) -> Path:
     """One folder per (source, torch, compiler flags, CPU): -march=native code is per CPU."""
-    key = "\0".join([SOURCE.read_text(), torch.__version__, " ".join(CFLAGS), _cpu_flags()])
+    texts = [source.read_text() for source in SOURCES]
+    key = "\0".join([*texts, torch.__version__, " ".join(CFLAGS), _cpu_flags()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return (root or cache_root()) / "kernels" / f"{NAME}-{digest}"
 
@@ -62,7 +64,7 @@ def compiler_available() -> bool:
 @functools.cache
 def load() -> str | None:
     """Load the kernels; None when they are loaded, else the reason they are not."""
-    if hasattr(torch.ops, "sluice_cpu") and hasattr(torch.ops.sluice_cpu, "paged_attention"):
+    if hasattr(torch.ops.sluice_cpu, "paged_attention"):
         return None
     if not compiler_available():
         return "no C++ compiler on PATH"
@@ -73,7 +75,7 @@ def load() -> str | None:
     try:
         cpp_extension.load(
             name=NAME,
-            sources=[str(SOURCE)],
+            sources=[str(source) for source in SOURCES],
             extra_cflags=CFLAGS,
             extra_ldflags=["-fopenmp"],
             build_directory=str(folder),
@@ -81,7 +83,7 @@ def load() -> str | None:
             verbose=False,
         )
     except Exception as err:  # a broken toolchain must not take the server down
-        logger.warning("building the CPU attention kernels failed: %s", err)
+        logger.warning("building the CPU kernels failed: %s", err)
         return f"build failed: {err}"
     return None
 
@@ -94,9 +96,9 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO)
     reason = load()
     if reason is not None:
-        print(f"CPU attention kernels not built: {reason}", file=sys.stderr)
+        print(f"CPU kernels not built: {reason}", file=sys.stderr)
         return 1
-    print(f"CPU attention kernels ready in {build_directory()}")
+    print(f"CPU kernels ready in {build_directory()}")
     return 0
 
 
