@@ -81,28 +81,28 @@ def load(config: str, model_path: Path):
     """`<dtype>-<backend>[-fused]`: `-fused` turns on the compiled RMSNorm/RoPE/SiLU ops."""
     dtype_name, backend, *extra = config.split("-")
     model, _ = load_model(model_path, "cpu", DTYPES[dtype_name], backend)
-    if "fused" in extra and (reason := cpu_fused_ops.enable(model)) is not None:
-        raise SystemExit(f"fused ops unavailable: {reason}")
     if dtype_name == "w8a8":
         quantize_model(model, "w8a8")
+    if "fused" in extra and (reason := cpu_fused_ops.enable(model)) is not None:
+        raise SystemExit(f"fused ops unavailable: {reason}")
     return model, DTYPES[dtype_name]
 
 
-def measure(model, kv_dtype, batch: int, prompt_len: int, steps: int, seed: int = 0):
+def measure(model, kv_dtype, batch: int, prompt_len: int, steps: int, clock, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     prompts = torch.randint(10, vocab, (batch, prompt_len), generator=gen).tolist()
     runner = Runner.create(model, batch, prompt_len + steps + 2, kv_dtype)
-    start = time.perf_counter()
+    start = clock()
     logits = runner.forward(ForwardMode.EXTEND, prompts)
-    prefill = time.perf_counter() - start
+    prefill = clock() - start
     next_ids = logits.argmax(-1).tolist()
     runner.forward(ForwardMode.DECODE, [[t] for t in next_ids])  # first decode: warm
-    start = time.perf_counter()
+    start = clock()
     for _ in range(steps):
         logits = runner.forward(ForwardMode.DECODE, [[t] for t in next_ids])
         next_ids = logits.argmax(-1).tolist()
-    decode = (time.perf_counter() - start) / steps
+    decode = (clock() - start) / steps
     return prefill, decode, runner
 
 
@@ -140,6 +140,10 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--clock", default="wall", choices=["wall", "cpu"],
+        help="cpu: this process's CPU time (with --threads 1, steady on a shared machine)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -152,7 +156,9 @@ def main() -> None:
     for config in configs:
         model, dtype = load(config, path)
         for b in sizes:
-            prefill, decode, runner = measure(model, dtype, b, args.prompt_len, args.decode_steps)
+            clock = time.process_time if args.clock == "cpu" else time.perf_counter
+            prefill, decode, runner = measure(model, dtype, b, args.prompt_len,
+                                              args.decode_steps, clock)  # fmt: skip
             results[config, b] = (prefill, decode)
             if args.profile:
                 profiles[config, b] = profile_decode(runner, b)
@@ -162,7 +168,7 @@ def main() -> None:
         del model
     base = configs[0]
     print(f"\nspeed-up over {base} (same run, {torch.get_num_threads()} threads, "
-          f"prompt {args.prompt_len}):")
+          f"{args.clock} clock, prompt {args.prompt_len}):")
     for config in configs[1:]:
         for b in sizes:
             p0, d0 = results[base, b]

@@ -89,9 +89,11 @@ needs_torchao = pytest.mark.skipif(not torchao_available(), reason="torchao not 
 
 
 @needs_torchao
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 7, 64])
-def test_w8a8_linear_equals_torchaos_quantized_linear(dtype: torch.dtype, rows: int) -> None:
+def test_w8a8_linear_equals_torchaos_quantized_linear(dtype: torch.dtype, rows: int,
+                                                      fused: bool) -> None:  # fmt: skip
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
     gen = torch.Generator().manual_seed(rows)
@@ -103,8 +105,10 @@ def test_w8a8_linear_equals_torchaos_quantized_linear(dtype: torch.dtype, rows: 
     reference[0].bias.data.copy_(ours.bias.data)
     quantize_(reference, Int8DynamicActivationInt8WeightConfig())
     x = torch.randn(rows, 96, generator=gen).to(dtype)
+    quantized = W8A8Linear.from_linear(ours)
+    quantized.fused = fused
     with torch.inference_mode():
-        got, expected = W8A8Linear.from_linear(ours)(x), reference(x)
+        got, expected = quantized(x), reference(x)
         exact = torch.nn.functional.linear(x.float(), ours.weight.float(), ours.bias.float())
     assert got.dtype == dtype
     # the same quantization: differences are the odd rounding tie and the output's rounding
@@ -119,6 +123,7 @@ def test_w8a8_model_keeps_greedy_tokens_and_lm_head(model_pairs: dict[str, Model
     pair = model_pairs["llama"]
     model, _ = load_model(pair.folder, "cpu", torch.float32, attention_backend="cpu")
     assert quantize_model(model, "w8a8") == 4 * model.config.num_hidden_layers
+    assert cpu_fused_ops.enable(model) is None
     assert isinstance(model.lm_head, Linear)  # the output projection is not quantized
     ours, seqs = run_conversation(model, 16, pair.config.vocab_size)
     truth = hf_step_logits(pair.hf_model, seqs, len(ours))

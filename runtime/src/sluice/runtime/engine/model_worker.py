@@ -65,10 +65,10 @@ class ModelWorker:
         if args.enable_deterministic_inference:
             backend = BatchInvariantAttentionBackend()
         self.model, self.model_config = load_model(Path(model_path), self.device, self.dtype, backend)
-        if self.device == "cpu" and (reason := cpu_fused_ops.enable(self.model)) is not None:
-            logger.warning("fused CPU ops unavailable (%s); running the torch ops", reason)
         if (quantized := quantize_model(self.model, args.quantization)) > 0:
             logger.info("quantization %s: %d linear layers", args.quantization, quantized)
+        if self.device == "cpu" and (reason := cpu_fused_ops.enable(self.model)) is not None:
+            logger.warning("fused CPU ops unavailable (%s); running the torch ops", reason)
         self.tokenizer = load_tokenizer(Path(model_path))
         cfg = self.model_config
         eos = set(cfg.eos_token_ids)

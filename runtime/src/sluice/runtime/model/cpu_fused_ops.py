@@ -1,4 +1,5 @@
-"""Switch a model's RMSNorm, rotary embedding and SiLU-and-multiply to the compiled CPU ops.
+"""Switch a model's RMSNorm, rotary embedding, SiLU-and-multiply (and w8a8's activation
+quantization and rescaling) to the compiled CPU ops. Call it after quantizing.
 
 Each is one pass over its rows instead of 3 to 12 torch ops with their temporaries; the ops
 round where transformers' bf16 code rounds (see `kernels/csrc/fused_ops.cpp`), so bf16
@@ -12,6 +13,7 @@ from torch import nn
 from sluice.runtime.kernels import cpu_extension
 from sluice.runtime.model.layers import RMSNorm, SwiGLUMLP
 from sluice.runtime.model.llama import LlamaAttention
+from sluice.runtime.model.quantization import W8A8Linear
 
 
 def enable(model: nn.Module) -> str | None:
@@ -20,6 +22,6 @@ def enable(model: nn.Module) -> str | None:
     if reason is not None:
         return reason
     for module in model.modules():
-        if isinstance(module, (RMSNorm, SwiGLUMLP, LlamaAttention)):
+        if isinstance(module, (RMSNorm, SwiGLUMLP, LlamaAttention, W8A8Linear)):
             module.fused = True
     return None

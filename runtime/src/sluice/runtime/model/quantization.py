@@ -6,8 +6,9 @@ activations are quantized symmetrically per token at each call; the product runs
 torch's int8 GEMM (`torch._int_mm`, oneDNN with VNNI) and is rescaled by both scales.
 torchao's own linear dispatch computes exactly this, but through several Python layers
 per call (about 1 ms for a 16-row decode GEMM on a 2-core CPU, 20x the GEMM itself), so
-`W8A8Linear` calls the same primitives directly; `tests/model/test_quantization.py` checks
-it against torchao's quantized `nn.Linear` on the same weights.
+`W8A8Linear` calls the same primitives directly (with the fused CPU ops, the activation
+quantization and the rescaling are one compiled pass each around torch's GEMM);
+`tests/model/test_cpu_fast_path.py` checks it against torchao's quantized `nn.Linear`.
 
 The output projection (`lm_head`) stays in the model dtype: quantizing the logits costs the
 most quality for a fifth of the FLOPs.
@@ -43,6 +44,7 @@ class W8A8Linear(nn.Module):
         self.register_buffer("qweight_t", qweight_t)  # [in, out] int8 (a transposed view)
         self.register_buffer("weight_scale", weight_scale)  # [out] fp32
         self.bias = bias
+        self.fused = False  # quantize and rescale in one compiled pass each (cpu_fused_ops)
 
     @classmethod
     def from_linear(cls, linear: Linear) -> W8A8Linear:
@@ -61,6 +63,12 @@ class W8A8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
+        if self.fused:
+            xq, scale = torch.ops.sluice_cpu.quantize_per_token(rows)
+            acc = torch._int_mm(xq, self.qweight_t)
+            bias = None if self.bias is None else self.bias.to(x.dtype).contiguous()
+            y = torch.ops.sluice_cpu.rescale_int_mm(acc, scale, self.weight_scale, bias, x.dtype)
+            return y.reshape(*shape[:-1], y.shape[-1])
         x32 = rows.float()
         scale = (x32.abs().amax(dim=-1, keepdim=True) / SYMMETRIC_HALF_RANGE).clamp_(min=_EPS)
         xq = torch.round(x32 / scale).clamp_(INT8_MIN, INT8_MAX).to(torch.int8)

@@ -3,7 +3,9 @@
 // (about 12), SiLU-and-multiply (3). Each rounds where transformers' own bf16 code rounds:
 // RMSNorm normalises in fp32, rounds, then multiplies by the weight in the model dtype;
 // the rotary embedding rounds q*cos and rotate_half(q)*sin before adding them; SiLU rounds
-// its result before the product. In fp32 nothing is rounded.
+// its result before the product. In fp32 nothing is rounded. w8a8's per-token activation
+// quantization and the rescaling of the int8 GEMM's int32 output are one pass each too
+// (the GEMM itself stays torch's `_int_mm`).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -199,9 +201,100 @@ std::tuple<at::Tensor, at::Tensor> rotary(const at::Tensor& q, const at::Tensor&
   return {q_out, k_out};
 }
 
+// w8a8's per-token activation quantization (torchao's symmetric scheme): scale =
+// max|x| / 127.5 (at least fp32 eps), q = clamp(round_half_even(x / scale), -128, 127).
+template <typename T>
+void quantize_rows(const T* x, int8_t* q, float* scale, int64_t rows, int64_t k, int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * stride;
+    float peak = 0.0f;
+    for (int64_t i = 0; i < k; ++i) peak = std::max(peak, std::fabs(to_f(xr[i])));
+    const float s = std::max(peak / 127.5f, 1.1920928955078125e-07f);
+    scale[r] = s;
+    int8_t* qr = q + r * k;
+    for (int64_t i = 0; i < k; ++i) {
+      const float v = std::nearbyint(to_f(xr[i]) / s);
+      qr[i] = static_cast<int8_t>(std::min(127.0f, std::max(-128.0f, v)));
+    }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_per_token(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "quantize_per_token: x must be [rows, k]");
+  const int64_t rows = x.size(0), k = x.size(1), stride = x.stride(0);
+  at::Tensor q = at::empty({rows, k}, x.options().dtype(at::kChar));
+  at::Tensor scale = at::empty({rows, 1}, x.options().dtype(at::kFloat));
+  AT_DISPATCH_SWITCH(x.scalar_type(), "quantize_per_token",
+    AT_DISPATCH_CASE(at::kFloat, [&] {
+      at::parallel_for(0, rows, 8, [&](int64_t b, int64_t e) {
+        quantize_rows<float>(x.data_ptr<float>() + b * stride, q.data_ptr<int8_t>() + b * k,
+                             scale.data_ptr<float>() + b, e - b, k, stride);
+      });
+    })
+    AT_DISPATCH_CASE(at::kBFloat16, [&] {
+      at::parallel_for(0, rows, 8, [&](int64_t b, int64_t e) {
+        quantize_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>() + b * stride,
+                                     q.data_ptr<int8_t>() + b * k, scale.data_ptr<float>() + b,
+                                     e - b, k, stride);
+      });
+    }));
+  return {q, scale};
+}
+
+// y = float(acc) * x_scale[row] * w_scale[col] (+ bias), in the activations' dtype
+template <typename T>
+void rescale_rows(const int32_t* acc, const float* xs, const float* ws, const T* bias, T* out,
+                  int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* a = acc + r * n;
+    T* o = out + r * n;
+    const float s = xs[r];
+    for (int64_t j = 0; j < n; ++j) {
+      float v = static_cast<float>(a[j]) * s * ws[j];
+      if (bias != nullptr) v += to_f(bias[j]);
+      store(v, o + j);
+    }
+  }
+}
+
+at::Tensor rescale_int_mm(const at::Tensor& acc, const at::Tensor& x_scale,
+                          const at::Tensor& w_scale, const c10::optional<at::Tensor>& bias,
+                          at::ScalarType out_dtype) {
+  TORCH_CHECK(acc.dim() == 2 && acc.is_contiguous() && acc.scalar_type() == at::kInt,
+              "rescale_int_mm: acc must be a contiguous int32 [rows, n]");
+  const int64_t rows = acc.size(0), n = acc.size(1);
+  TORCH_CHECK(x_scale.numel() == rows && x_scale.scalar_type() == at::kFloat && x_scale.is_contiguous(),
+              "rescale_int_mm: x_scale must be fp32 [rows]");
+  TORCH_CHECK(w_scale.numel() == n && w_scale.scalar_type() == at::kFloat && w_scale.is_contiguous(),
+              "rescale_int_mm: w_scale must be fp32 [n]");
+  if (bias.has_value())
+    TORCH_CHECK(bias->numel() == n && bias->scalar_type() == out_dtype && bias->is_contiguous(),
+                "rescale_int_mm: bias must be [n] in the output dtype");
+  at::Tensor out = at::empty({rows, n}, acc.options().dtype(out_dtype));
+  AT_DISPATCH_SWITCH(out_dtype, "rescale_int_mm",
+    AT_DISPATCH_CASE(at::kFloat, [&] {
+      const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+      at::parallel_for(0, rows, 8, [&](int64_t lo, int64_t hi) {
+        rescale_rows<float>(acc.data_ptr<int32_t>() + lo * n, x_scale.data_ptr<float>() + lo,
+                            w_scale.data_ptr<float>(), b, out.data_ptr<float>() + lo * n, hi - lo, n);
+      });
+    })
+    AT_DISPATCH_CASE(at::kBFloat16, [&] {
+      const c10::BFloat16* b = bias.has_value() ? bias->data_ptr<c10::BFloat16>() : nullptr;
+      at::parallel_for(0, rows, 8, [&](int64_t lo, int64_t hi) {
+        rescale_rows<c10::BFloat16>(acc.data_ptr<int32_t>() + lo * n,
+                                    x_scale.data_ptr<float>() + lo, w_scale.data_ptr<float>(), b,
+                                    out.data_ptr<c10::BFloat16>() + lo * n, hi - lo, n);
+      });
+    }));
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sluice_cpu, m) {
+  m.def("quantize_per_token(Tensor x) -> (Tensor, Tensor)");
+  m.def("rescale_int_mm(Tensor acc, Tensor x_scale, Tensor w_scale, Tensor? bias, ScalarType out_dtype) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
@@ -211,4 +304,6 @@ TORCH_LIBRARY_IMPL(sluice_cpu, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("silu_mul", &silu_mul);
   m.impl("rotary", &rotary);
+  m.impl("quantize_per_token", &quantize_per_token);
+  m.impl("rescale_int_mm", &rescale_int_mm);
 }
