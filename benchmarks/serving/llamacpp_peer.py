@@ -34,11 +34,24 @@ class PeerUnavailable(RuntimeError):
     """The peer cannot run here (missing package or a model that is not GGUF)."""
 
 
+_QUIET = None  # the log callback, kept alive while llama.cpp may call it
+
+
 def _llama_cpp():
+    global _QUIET
     try:
         import llama_cpp
     except ImportError as err:
         raise PeerUnavailable(f"llama-cpp-python is not installed ({INSTALL_HINT})") from err
+    if _QUIET is None:  # llama.cpp logs every tensor it loads or converts: keep errors only
+
+        @llama_cpp.llama_log_callback
+        def quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+            if level >= 4 and level != 5:  # GGML_LOG_LEVEL_ERROR (4); 5 is CONT
+                print(text.decode(errors="replace"), end="")
+
+        _QUIET = quiet
+        llama_cpp.llama_log_set(_QUIET, ctypes.c_void_p())
     return llama_cpp
 
 
@@ -138,6 +151,10 @@ def run_llamacpp_peer(
     last = [0] * len(requests)
     made = [0] * len(requests)
     try:
+        # warm-up off the clock (graph allocation, first-touch of the weights), then forget it
+        decode([(t, pos, 0, pos == len(prompts[0]) - 1) for pos, t in enumerate(prompts[0])])
+        decode([(greedy(len(prompts[0]) - 1), len(prompts[0]), 0, True)])
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
         start = time.perf_counter()
         pending = [(t, pos, s, pos == len(p) - 1) for s, p in enumerate(prompts)
                    for pos, t in enumerate(p)]  # fmt: skip
