@@ -11,7 +11,7 @@ PORT   ?= 30000
 MODEL  ?= smollm2-135m
 PYTEST_ARGS ?=
 
-.PHONY: setup model serve test lint bench chart-sync clean
+.PHONY: setup model serve test lint bench bench-48 chart-sync clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,11 @@ chart-sync: setup
 bench: model
 	$(PY) benchmarks/bench_serving.py --launch-server --model $(MODEL) --num-prompts 64 \
 	    --random-input-len 512 --random-output-len 256 --random-range-ratio 0.25
+
+# issue 11's CPU workload: 48 requests at t=0, prompts 80-160, each its own output 32-224
+bench-48: model
+	$(PY) benchmarks/bench_serving.py --launch-server --model $(MODEL) --num-prompts 48 \
+	    --random-input-len 160 --random-input-min 80 --random-output-len 224 --random-output-min 32
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -56,8 +56,11 @@ def test_sigterm_drains_running_requests_and_turns_health_to_503(tiny_llama_path
         reader.start()
         assert started.wait(60)
         srv.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        assert httpx.get(f"{srv.url}/health", timeout=5).status_code == 503
+        # poll rather than sleep: the 400-token request must still be running when we look
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{srv.url}/health", timeout=5).status_code != 503:
+            assert time.monotonic() < deadline, "/health never turned 503 after SIGTERM"
+            time.sleep(0.01)
         late = httpx.post(f"{srv.url}/v1/completions", json={**body, "stream": False}, timeout=10)
         assert late.status_code == 503
         reader.join(120)
