@@ -550,3 +550,13 @@ def test_comparisons_show_every_peer_and_the_best():
     text = report.format_comparisons(ratios)
     assert "Sluice / hf-fp32:" in text and "4x" in text
     assert text.count("Sluice / best peer:") == 1 and "2.5x" in text.split("best peer:")[1]
+
+
+def test_launching_onto_a_port_in_use_is_refused(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        url = f"http://127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(RuntimeError, match="already in use"):
+            with server.launched_server([sys.executable, "-c", "pass"], url, 5, log_path=tmp_path / "l"):
+                pass
