@@ -93,8 +93,8 @@ class BenchArgs:
         "request in one batch when it fits, else the fewest equal batches that do).",
     )
     peer_threads: int = option(0, "Threads for the peers (0: every core this process may use).")
-    gemm_ceiling: bool = option(
-        True, "Measure the GEMM ceilings after the server run and print Sluice's fraction of them."
+    no_gemm_ceiling: bool = option(
+        False, "Skip the GEMM ceilings (measured after the server run, with Sluice's fraction)."
     )
 
     def validate(self) -> None:
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(failures)} request(s) failed; first error: {failures[0]}")
 
     ceilings = None
-    if args.gemm_ceiling:
+    if not args.no_gemm_ceiling:
         threads = args.peer_threads or hf_peer.available_cores()
         ceilings = ceiling.measure_ceilings(model_path, threads)
         print(report.format_ceilings(ceilings, served.total_throughput), flush=True)

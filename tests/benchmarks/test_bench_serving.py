@@ -503,6 +503,7 @@ def test_the_warmup_prompt_shares_no_prefix_with_the_dataset(word_tokenizer):
 
 def test_hf_means_both_transformers_peers_and_names_are_checked(capsys):
     assert BenchArgs.from_cli([]).peer_names() == ["hf-fp32", "hf-bf16"]
+    assert not BenchArgs.from_cli([]).no_gemm_ceiling  # the ceilings are measured by default
     assert BenchArgs.from_cli(["--peer", "hf-bf16,llamacpp"]).peer_names() == ["hf-bf16", "llamacpp"]
     assert BenchArgs.from_cli(["--no-peer"]).peer_names() == []
     with pytest.raises(SystemExit):

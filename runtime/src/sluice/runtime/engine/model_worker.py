@@ -25,6 +25,7 @@ from sluice.runtime.sampling.sampler import SampleOutput, SamplingRow, needs_his
 from sluice.runtime.scheduler.batch import ScheduledBatch
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.server_args import ServerArgs
+from sluice.runtime.threads import model_worker_threads
 
 logger = logging.getLogger("sluice.model_worker")
 
@@ -58,8 +59,10 @@ class ModelWorker:
         self.dtype, self.dtype_reason = choice.dtype, choice.reason
         self.kv_dtype = choose_kv_dtype(args.kv_cache_dtype, self.dtype)
         logger.info("dtype %s (%s), KV cache %s", choice.name, choice.reason, self.kv_dtype)
-        if args.torch_threads > 0:
-            torch.set_num_threads(args.torch_threads)
+        if self.device == "cpu" or args.torch_threads > 0:
+            threads, why = model_worker_threads(args.torch_threads)
+            torch.set_num_threads(threads)
+            logger.info("model worker: %d torch threads (%s)", threads, why)
         torch.manual_seed(args.random_seed)
         backend: str | AttentionBackend = args.attention_backend
         if args.enable_deterministic_inference:
