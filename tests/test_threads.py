@@ -28,5 +28,7 @@ def test_the_quota_caps_the_cores(tmp_path, monkeypatch) -> None:
     cpu_max.write_text("250000 100000")
     assert threads.model_worker_threads() == (3, "cgroup CPU quota 2.5 of 8 cores")
     assert threads.model_worker_threads(requested=5) == (5, "--torch-threads")
+    assert threads.model_worker_threads(default=2) == (2, "torch's default")  # under the quota
+    assert threads.model_worker_threads(default=6)[0] == 3  # the quota caps torch's default
     cpu_max.unlink()  # no cgroup v2 file: the affinity mask decides
     assert threads.model_worker_threads()[0] == 8

@@ -93,8 +93,8 @@ class ServerArgs:
     model_cache_dir: str = option("", "Where converted models are cached (default ~/.cache/sluice).")
     drain_timeout: float = option(30.0, "Seconds SIGTERM waits for running requests to finish.")
     torch_threads: int = option(
-        0, "torch intra-op threads of the model worker on the CPU (0: every core this process "
-        "may use; the tokenizer and detokenizer processes run one thread each).",
+        0, "torch intra-op threads of the model worker on the CPU (0: torch's default, one per "
+        "core, capped by the cgroup CPU quota; the tokenizer and detokenizer keep to one).",
     )
 
     @property

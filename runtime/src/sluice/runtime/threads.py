@@ -42,16 +42,19 @@ def cgroup_cpu_limit(text: str) -> float | None:
     return quota / period if quota > 0 and period > 0 else None
 
 
-def model_worker_threads(requested: int = 0) -> tuple[int, str]:
-    """Intra-op threads for the model worker and why: `--torch-threads` if set, else the
-    cores in this process's affinity mask, capped by the cgroup CPU quota (rounded up)."""
+def model_worker_threads(requested: int = 0, default: int | None = None) -> tuple[int, str]:
+    """Intra-op threads for the model worker and why: `--torch-threads` if set, else
+    `default` (torch's own choice, one per physical core) or the cores in this process's
+    affinity mask, capped by the cgroup CPU quota (rounded up)."""
     if requested > 0:
         return requested, "--torch-threads"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    chosen, why = (min(default, cores), "torch's default") if default else (cores, "")
+    why = why or f"{cores} cores in the affinity mask"
     try:
         limit = cgroup_cpu_limit(CGROUP_CPU_MAX.read_text())
     except OSError:
         limit = None
-    if limit is not None and math.ceil(limit) < cores:
+    if limit is not None and math.ceil(limit) < chosen:
         return max(1, math.ceil(limit)), f"cgroup CPU quota {limit:g} of {cores} cores"
-    return cores, f"{cores} cores in the affinity mask"
+    return chosen, why

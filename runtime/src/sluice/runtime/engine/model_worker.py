@@ -29,6 +29,7 @@ from sluice.runtime.threads import model_worker_threads
 
 logger = logging.getLogger("sluice.model_worker")
 
+
 def resolve_dtype(name: str, device: str) -> torch.dtype:
     """`--dtype` on `device`; `auto` looks at the CPU (see `cpu_features.choose_dtype`)."""
     return choose_dtype(name, device).dtype
@@ -60,7 +61,7 @@ class ModelWorker:
         self.kv_dtype = choose_kv_dtype(args.kv_cache_dtype, self.dtype)
         logger.info("dtype %s (%s), KV cache %s", choice.name, choice.reason, self.kv_dtype)
         if self.device == "cpu" or args.torch_threads > 0:
-            threads, why = model_worker_threads(args.torch_threads)
+            threads, why = model_worker_threads(args.torch_threads, torch.get_num_threads())
             torch.set_num_threads(threads)
             logger.info("model worker: %d torch threads (%s)", threads, why)
         torch.manual_seed(args.random_seed)
