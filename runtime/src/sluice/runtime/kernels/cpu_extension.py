@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -61,6 +62,21 @@ def compiler_available() -> bool:
     return shutil.which(os.environ.get("CXX", "c++")) is not None
 
 
+STALE_LOCK_S = 600.0  # a build takes well under a minute; a lock this old lost its builder
+
+
+def _clear_stale_lock(folder: Path) -> None:
+    """cpp_extension's build lock is a file; a build killed mid-way leaves it behind and every
+    later process would wait on it forever."""
+    lock = folder / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            logger.warning("removing a stale kernel build lock %s", lock)
+            lock.unlink()
+    except FileNotFoundError:
+        pass
+
+
 @functools.cache
 def load() -> str | None:
     """Load the kernels; None when they are loaded, else the reason they are not."""
@@ -72,6 +88,7 @@ def load() -> str | None:
 
     folder = build_directory()
     folder.mkdir(parents=True, exist_ok=True)
+    _clear_stale_lock(folder)
     try:
         cpp_extension.load(
             name=NAME,
