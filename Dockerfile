@@ -85,12 +85,15 @@ ENV DEBIAN_FRONTEND=noninteractive \
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Python 3.12 from Ubuntu 24.04. Triton compiles its launcher with gcc against Python.h at
-# run time, so the CUDA variant keeps gcc and python3-dev.
+# run time, so the CUDA variant keeps gcc and python3-dev; the CPU variant keeps g++ and
+# python3-dev: its attention and fused kernels are built for the pod's own CPU
+# (-march=native) on first start, into the cache volume.
 # DL3008 (unpinned apt packages): the versions are those of the pinned base image's
 # release; pinning them by hand breaks the build whenever Ubuntu publishes a security fix.
 # hadolint ignore=DL3008
 RUN packages=(python3 python3-venv ca-certificates) \
     && if [ "$DEVICE" = cuda ]; then packages+=(python3-dev gcc libc6-dev); fi \
+    && if [ "$DEVICE" = cpu ]; then packages+=(python3-dev g++ libc6-dev); fi \
     && apt-get update \
     && apt-get install -y --no-install-recommends "${packages[@]}" \
     && rm -rf /var/lib/apt/lists/*
