@@ -253,3 +253,18 @@ def test_fallback_is_chosen_when_kernels_cannot_load(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(cpu_backend.extension, "load", lambda: "no C++ compiler on PATH")
     backend = CpuAttentionBackend()
     assert backend.implementation == "torch-varlen"
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.EXTEND])
+def test_a_dtype_without_kernels_runs_the_torch_fallback(mode) -> None:
+    heads, kv_heads = 8, 2
+    pool = Pool(heads, kv_heads, 16, kv_dtype=torch.float16, seed=23)
+    prefill(pool, [1, 2], [30, 4])
+    extends = [1, 1] if mode == ForwardMode.DECODE else [5, 9]
+    batch = pool.batch(mode, [1, 2], extends)
+    q, k, v = new_qkv(sum(extends), heads, kv_heads, dtype=torch.float16)
+    backend = CpuAttentionBackend(use_kernels=True)
+    out = run(backend, batch, q, k, v)
+    assert backend._fallback is not None
+    torch.testing.assert_close(out.double(), reference(batch, q, heads), atol=5e-3, rtol=5e-3)

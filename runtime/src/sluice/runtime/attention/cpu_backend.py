@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 DECODE_KV_CHUNK = 256  # keys per split-KV chunk of a decode query
 EXTEND_KV_CHUNK = 1 << 30  # extend: query blocks give the parallelism, no key split
 QUERY_BLOCK = 16  # extend queries per work unit (times the GQA group = rows)
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # of q and of the cache; others run torch
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,26 @@ class CpuAttentionBackend(AttentionBackend):
         meta = self._meta
         if meta is None:
             raise RuntimeError("init_forward_metadata() was not called before forward()")
+        if q.dtype not in KERNEL_DTYPES or batch.kv.dtype not in KERNEL_DTYPES:
+            return self._unsupported_dtype(q, k, v, layer_id, batch)
         batch.kv.write(layer_id, batch.out_cache_loc, k, v)
         return torch.ops.sluice_cpu.paged_attention(
             q, batch.kv.k[layer_id], batch.kv.v[layer_id], batch.req_to_token, meta.rows,
             meta.prefix_lens, meta.extend_lens, self.scale_for(q.shape[-1]), meta.kv_chunk,
             QUERY_BLOCK,
         )  # fmt: skip
+
+
+    def _unsupported_dtype(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """fp16 (or another dtype the kernels lack): from now on the torch fallback runs (the
+        first layer of the first forward gets here; later calls take the fallback at once)."""
+        logger.warning("cpu attention: no kernel for %s/%s; using torch varlen attention",
+                       q.dtype, batch.kv.dtype)  # fmt: skip
+        self._fallback = VarlenTorchAttention(self.scale)
+        self._fallback.init_forward_metadata(batch)
+        return self._fallback.forward(q, k, v, layer_id, batch)
 
 
 class VarlenTorchAttention(AttentionBackend):

@@ -8,6 +8,7 @@ results stay what the torch ops give, and fp32 results differ only by summation 
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from sluice.runtime.kernels import cpu_extension
@@ -18,6 +19,9 @@ from sluice.runtime.model.quantization import W8A8Linear
 
 def enable(model: nn.Module) -> str | None:
     """Turn the fused ops on for every layer; None when on, else why they are not."""
+    dtype = next(model.parameters()).dtype
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"no fused ops for {dtype}"
     reason = cpu_extension.load()
     if reason is not None:
         return reason
