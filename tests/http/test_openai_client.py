@@ -294,3 +294,11 @@ def test_server_info_hides_the_api_key(server):
     info = server.info()
     assert info["model"].endswith(MODEL) and "api_key" not in info
     assert API_KEY not in str(info)
+
+
+def test_server_info_says_which_dtype_and_why(server):
+    info = server.info()
+    assert info["dtype"] in ("bfloat16", "float32")
+    assert info["dtype_reason"].startswith("auto: the CPU has")  # the CPU was asked
+    assert info["kv_cache_dtype"] == info["dtype"] and info["quantization"] == "none"
+    assert info["attention_backend"] == "cpu" and info["torch_threads"] >= 1
