@@ -90,12 +90,15 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Python 3.12 from Ubuntu 24.04. Triton compiles its launcher with gcc against Python.h at
 # run time and FlashInfer's JIT needs a host C++ compiler, so the CUDA variant keeps gcc,
-# g++ and python3-dev.
+# g++ and python3-dev; the CPU variant keeps g++ and python3-dev: its attention and fused
+# kernels are built for the pod's own CPU (-march=native) on first start, into the cache
+# volume.
 # DL3008 (unpinned apt packages): the versions are those of the pinned base image's
 # release; pinning them by hand breaks the build whenever Ubuntu publishes a security fix.
 # hadolint ignore=DL3008
 RUN packages=(python3 python3-venv ca-certificates) \
     && if [ "$DEVICE" = cuda ]; then packages+=(python3-dev gcc g++ libc6-dev); fi \
+    && if [ "$DEVICE" = cpu ]; then packages+=(python3-dev g++ libc6-dev); fi \
     && apt-get update \
     && apt-get install -y --no-install-recommends "${packages[@]}" \
     && rm -rf /var/lib/apt/lists/*

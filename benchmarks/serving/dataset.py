@@ -73,13 +73,18 @@ class DatasetSummary:
         )
 
 
-def sample_lengths(rng: np.random.Generator, length: int, range_ratio: float, n: int) -> list[int]:
-    """`n` lengths drawn uniformly from `[max(int(length * range_ratio), 1), length]`."""
+def sample_lengths(
+    rng: np.random.Generator, length: int, range_ratio: float, n: int, low: int = 0
+) -> list[int]:
+    """`n` lengths drawn uniformly from `[max(int(length * range_ratio), 1), length]`, or
+    from `[low, length]` when `low` > 0."""
     if length < 1:
         raise ValueError(f"length must be >= 1, got {length}")
     if not 0.0 <= range_ratio <= 1.0:
         raise ValueError(f"range ratio must be in [0, 1], got {range_ratio}")
-    low = max(int(length * range_ratio), 1)
+    if low > length:
+        raise ValueError(f"minimum length {low} exceeds the maximum {length}")
+    low = low if low > 0 else max(int(length * range_ratio), 1)
     return [int(x) for x in rng.integers(low, length + 1, size=n)]
 
 
@@ -126,10 +131,12 @@ def sample_random_requests(
     output_len: int,
     range_ratio: float,
     seed: int,
+    input_min: int = 0,
+    output_min: int = 0,
 ) -> list[BenchRequest]:
     rng = np.random.default_rng(seed)
-    input_lens = sample_lengths(rng, input_len, range_ratio, num_prompts)
-    output_lens = sample_lengths(rng, output_len, range_ratio, num_prompts)
+    input_lens = sample_lengths(rng, input_len, range_ratio, num_prompts, input_min)
+    output_lens = sample_lengths(rng, output_len, range_ratio, num_prompts, output_min)
     pool = token_pool(tokenizer)
     requests = []
     for n_in, n_out in zip(input_lens, output_lens, strict=True):
@@ -146,6 +153,8 @@ def sample_shared_prefix_requests(
     output_len: int,
     range_ratio: float,
     seed: int,
+    input_min: int = 0,
+    output_min: int = 0,
 ) -> tuple[list[BenchRequest], int]:
     """Prompts that all start with one `shared_prefix_len`-token system prefix.
 
@@ -155,8 +164,8 @@ def sample_shared_prefix_requests(
     reuse at best).
     """
     rng = np.random.default_rng(seed)
-    input_lens = sample_lengths(rng, input_len, range_ratio, num_prompts)
-    output_lens = sample_lengths(rng, output_len, range_ratio, num_prompts)
+    input_lens = sample_lengths(rng, input_len, range_ratio, num_prompts, input_min)
+    output_lens = sample_lengths(rng, output_len, range_ratio, num_prompts, output_min)
     pool = token_pool(tokenizer)
     prefix, _ = random_text(tokenizer, pool, shared_prefix_len, rng)
     prefix_ids = _encode(tokenizer, prefix)

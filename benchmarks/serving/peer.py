@@ -1,5 +1,5 @@
-"""The peer: Hugging Face transformers' own `generate`, static batching (fp32 on the CPU
-by default; `--peer-device cuda` runs it in bf16 on the GPU the server used).
+"""The peer: Hugging Face transformers' own `generate`, static batching, fp32 or bf16 on the
+CPU (`--peer hf-fp32|hf-bf16`), or bf16 on the GPU the server used (`--peer-device cuda`).
 
 Same prompts and output lengths as the server run. Requests are batched in arrival order;
 a batch is left-padded and generated greedily for its longest request's output length
@@ -18,24 +18,28 @@ from pathlib import Path
 from benchmarks.serving.dataset import BenchRequest
 from benchmarks.serving.metrics import PeerBatch, plan_batches
 
-DEFAULT_PEER_BATCH_SIZE = 16
+# a static batch "fits" when its padded rows hold at most this many tokens (prompt + output
+# of its longest request, times its rows): a few hundred MiB of KV and activations
+PEER_MAX_BATCH_TOKENS = 65536
+HF_PEERS = {"hf-fp32": "float32", "hf-bf16": "bfloat16"}
 
 
-def peer_batch_size(requested: int, max_concurrency: int) -> int:
+def peer_batch_size(
+    requested: int, max_concurrency: int, requests: Sequence[BenchRequest] = ()
+) -> int:
     """`--peer-batch-size` if given, else the server run's `--max-concurrency` (the same
-    number of requests in flight), else DEFAULT_PEER_BATCH_SIZE."""
+    number of requests in flight), else every request in one batch when it fits
+    (`PEER_MAX_BATCH_TOKENS` padded tokens), else the fewest equal batches that fit."""
     if requested > 0:
         return requested
     if max_concurrency > 0:
         return max_concurrency
-    return DEFAULT_PEER_BATCH_SIZE
-
-
-def peer_dtype(device: str):
-    """What the server runs on the same device (`--dtype auto`): bf16 on a GPU, fp32 on the CPU."""
-    import torch
-
-    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if not requests:
+        return 1
+    longest = max(r.prompt_len for r in requests) + max(r.output_len for r in requests)
+    rows = max(1, PEER_MAX_BATCH_TOKENS // longest)
+    batches = -(-len(requests) // rows)
+    return -(-len(requests) // batches)
 
 
 def available_cores() -> int:
@@ -51,6 +55,7 @@ def run_hf_peer(
     threads: int,
     log: Callable[[str], None] = print,
     device: str = "cpu",
+    dtype: str = "float32",
 ) -> list[PeerBatch]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -59,8 +64,7 @@ def run_hf_peer(
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    dtype = peer_dtype(device)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device)
     model.eval()
 
     def generate(prompts: list[str], new_tokens: int) -> int:
@@ -79,7 +83,7 @@ def run_hf_peer(
     batches = plan_batches(len(requests), batch_size)
     log(
         f"peer: transformers generate, {len(batches)} batches of up to {batch_size}, "
-        f"{str(dtype).removeprefix('torch.')} on {device}, {threads} torch threads"
+        f"{dtype} on {device}, {threads} torch threads"
     )
     start = time.perf_counter()
     done = []

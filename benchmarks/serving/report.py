@@ -96,10 +96,10 @@ def format_serving(
     return "\n".join(lines)
 
 
-def format_peer(p: PeerMetrics, peak_rss_mib: float | None) -> str:
+def format_peer(p: PeerMetrics, peak_rss_mib: float | None, title: str = "transformers generate") -> str:
     lines = [
-        _heading("Peer: transformers generate", "="),
-        _row("Static batch size:", p.batch_size),
+        _heading(f"Peer: {title}", "="),
+        _row("Batch size (sequences at once):", p.batch_size),
         _row("Successful requests:", p.completed),
         _row("Benchmark duration (s):", p.duration_s),
         _row("Total input tokens:", p.total_input_tokens),
@@ -137,6 +137,32 @@ def format_comparison(ratios: dict[str, float | None]) -> str:
     )
 
 
+def format_comparisons(ratios: dict[str, dict[str, float | None]]) -> str:
+    """Sluice over every peer that ran, and over the best of them."""
+    lines = [_heading("Sluice / peers (output throughput: higher is better)", "=")]
+    for name, r in ratios.items():
+        lines.append(_row(f"Sluice / {name}:", _ratio(r["output_throughput_sluice_over_peer"])))
+        lines.append(_row(f"  mean E2E, Sluice / {name}:", _ratio(r["mean_e2e_sluice_over_peer"])))
+    known = [r["output_throughput_sluice_over_peer"] for r in ratios.values()]
+    known = [r for r in known if r is not None]
+    if known:
+        lines.append(_row("Sluice / best peer:", _ratio(min(known))))
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
+def format_ceilings(ceilings: Sequence[Any], total_tokens_per_s: float) -> str:
+    """GEMM ceilings (`benchmarks.serving.ceiling`) and Sluice's fraction of each."""
+    lines = [_heading("GEMM ceilings ([256x576]x[576x1536])", "=")]
+    for c in ceilings:
+        unit = "GOP/s" if c.dtype == "int8" else "GFLOP/s"
+        lines.append(_row(f"{c.dtype} {unit}:", c.gflops))
+        lines.append(_row(f"  {c.dtype} ceiling (tok/s):", c.tokens_per_s))
+        lines.append(_row(f"  Sluice total tok/s / {c.dtype} ceiling:", f"{c.fraction(total_tokens_per_s):.1%}"))
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
 def format_notes(notes: Sequence[str]) -> str:
     return "\n".join(["Notes:", *(f"- {n}" for n in notes)])
 
@@ -162,13 +188,22 @@ def result_document(
     ratios: dict[str, float | None] | None,
     notes: Sequence[str],
     details: Sequence[RequestResult] | None = None,
+    *,
+    peers: dict[str, dict[str, Any]] | None = None,
+    all_ratios: dict[str, dict[str, float | None]] | None = None,
+    ceilings: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """`peer`/`ratios`: the best transformers peer (the headline comparison); `peers` and
+    `all_ratios`: every peer that ran; `ceilings`: the GEMM ceilings."""
     doc: dict[str, Any] = {
         "config": config,
         "dataset": asdict(dataset),
         "sluice": {**sluice.to_dict(), "server_peak_rss_mib": server_peak_rss_mib},
         "peer": {**peer.to_dict(), "peak_rss_mib": peer_peak_rss_mib} if peer else None,
         "ratios": ratios,
+        "peers": peers or {},
+        "all_ratios": all_ratios or {},
+        "gemm_ceilings": ceilings,
         "notes": list(notes),
     }
     if details is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,23 @@ def _log_tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
+def ensure_port_free(base_url: str) -> None:
+    """Refuse to launch onto a port another process listens on: the health check would find
+    that server, and the benchmark would measure it instead of ours."""
+    parts = urlsplit(base_url)
+    host, port = parts.hostname or C.DEFAULT_HOST, parts.port or C.DEFAULT_PORT
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # as uvicorn binds: a closed connection in TIME_WAIT is no obstacle, a listener is
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise RuntimeError(
+                f"{host}:{port} is already in use ({err.strerror}); another server is there. "
+                "Pass a free port with --base-url."
+            ) from err
+
+
 def wait_healthy(server: LaunchedServer, base_url: str, timeout_s: float) -> None:
     url = base_url.rstrip("/") + C.HEALTH_PATH
     deadline = time.monotonic() + timeout_s
@@ -109,6 +127,7 @@ def launched_server(
     """Runs `command` (see `serve_command`) until the block ends; yields once /health is 200.
     The server's output goes to `log_path` (default: a new temporary file); `env` adds to
     (or overrides) this process's environment."""
+    ensure_port_free(base_url)
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="sluice-bench-server-", suffix=".log")
         os.close(fd)

@@ -11,8 +11,8 @@ import pytest
 
 from sluice.runtime.attention import registry
 from sluice.runtime.attention.availability import backend_problem
+from sluice.runtime.attention.cpu_backend import CpuAttentionBackend
 from sluice.runtime.attention.registry import create_attention_backend, resolve_backend_name
-from sluice.runtime.attention.torch_backend import TorchAttentionBackend
 
 
 @pytest.mark.parametrize(
@@ -22,7 +22,7 @@ from sluice.runtime.attention.torch_backend import TorchAttentionBackend
         ({"flashinfer", "triton"}, "cuda:0", "flashinfer"),
         ({"triton"}, "cuda", "triton"),
         (set(), "cuda", "torch"),
-        ({"flashinfer", "triton"}, "cpu", "torch"),
+        ({"flashinfer", "triton"}, "cpu", "cpu"),  # the compiled paged kernels (or their fallback)
     ],
 )
 def test_auto_picks_by_device_and_what_imports(monkeypatch, importable, device, expected):
@@ -40,8 +40,8 @@ def test_explicit_names_are_kept_and_unknown_ones_refused():
 def test_the_choice_is_logged(caplog):
     with caplog.at_level(logging.INFO, logger="sluice.attention"):
         backend = create_attention_backend("auto", "cpu")
-    assert isinstance(backend, TorchAttentionBackend)
-    assert "attention backend: torch (auto on cpu)" in caplog.text
+    assert isinstance(backend, CpuAttentionBackend)
+    assert "attention backend: cpu (auto on cpu)" in caplog.text
 
 
 def test_flashinfer_on_the_cpu_is_refused_in_one_line():

@@ -191,7 +191,11 @@ def test_batches_follow_arrival_order_with_a_smaller_last_one():
 
 
 def test_peer_batch_size_matches_the_server_run_concurrency():
-    assert peer.peer_batch_size(requested=0, max_concurrency=0) == peer.DEFAULT_PEER_BATCH_SIZE
+    small = [BenchRequest("p", 100, 100)] * 48
+    assert peer.peer_batch_size(requested=0, max_concurrency=0, requests=small) == 48
+    # 400 requests of 400 padded tokens: 163 rows fit one batch, so 3 equal batches of 134
+    big = [BenchRequest("p", 200, 200)] * 400
+    assert peer.peer_batch_size(requested=0, max_concurrency=0, requests=big) == 134
     assert peer.peer_batch_size(requested=0, max_concurrency=8) == 8
     assert peer.peer_batch_size(requested=4, max_concurrency=8) == 4
 
@@ -492,3 +496,68 @@ def test_the_warmup_prompt_shares_no_prefix_with_the_dataset(word_tokenizer):
     assert warm.prompt_len == len(warm_ids) == 32
     for r in requests:
         assert dataset.common_prefix_len(warm_ids, _encode(word_tokenizer, r.prompt)) < 2
+
+
+# --- the CPU run's additions: peers, length bounds, GEMM ceilings ---------------------------
+
+
+def test_hf_means_both_transformers_peers_and_names_are_checked(capsys):
+    assert BenchArgs.from_cli([]).peer_names() == ["hf-fp32", "hf-bf16"]
+    assert not BenchArgs.from_cli([]).no_gemm_ceiling  # the ceilings are measured by default
+    assert BenchArgs.from_cli(["--peer", "hf-bf16,llamacpp"]).peer_names() == ["hf-bf16", "llamacpp"]
+    assert BenchArgs.from_cli(["--no-peer"]).peer_names() == []
+    with pytest.raises(SystemExit):
+        BenchArgs.from_cli(["--peer", "vllm"])
+    assert "unknown peer" in capsys.readouterr().err
+
+
+def test_explicit_minimum_lengths_bound_the_draws(word_tokenizer):
+    requests = dataset.sample_random_requests(
+        word_tokenizer, 200, 40, 224, 0.25, seed=3, input_min=20, output_min=32
+    )
+    outs = [r.output_len for r in requests]
+    assert min(outs) >= 32 and max(outs) <= 224 and min(outs) < 60 and max(outs) > 190
+    assert all(20 <= r.prompt_len <= 40 for r in requests)
+
+
+def test_model_flops_per_token_is_twice_the_weights_a_token_multiplies():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from benchmarks.serving.ceiling import model_flops_per_token
+
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True)  # fmt: skip
+    model = LlamaForCausalLM(config)
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert model_flops_per_token(config.to_dict()) == 2 * weights
+
+
+def test_ceiling_fraction_and_report_name_every_dtype():
+    from benchmarks.serving.ceiling import Ceiling
+
+    ceilings = [Ceiling("float32", 200.0, 1000.0), Ceiling("bfloat16", 800.0, 4000.0)]
+    assert ceilings[1].fraction(2400.0) == pytest.approx(0.6)
+    text = report.format_ceilings(ceilings, 2400.0)
+    assert "60.0%" in text and "240.0%" in text and "bfloat16 GFLOP/s" in text
+
+
+def test_comparisons_show_every_peer_and_the_best():
+    ratios = {
+        "hf-fp32": {"output_throughput_sluice_over_peer": 4.0, "mean_e2e_sluice_over_peer": 0.3},
+        "hf-bf16": {"output_throughput_sluice_over_peer": 2.5, "mean_e2e_sluice_over_peer": 0.5},
+    }
+    text = report.format_comparisons(ratios)
+    assert "Sluice / hf-fp32:" in text and "4x" in text
+    assert text.count("Sluice / best peer:") == 1 and "2.5x" in text.split("best peer:")[1]
+
+
+def test_launching_onto_a_port_in_use_is_refused(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        url = f"http://127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(RuntimeError, match="already in use"):
+            with server.launched_server([sys.executable, "-c", "pass"], url, 5, log_path=tmp_path / "l"):
+                pass

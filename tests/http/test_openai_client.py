@@ -328,3 +328,11 @@ def test_abort_request_ends_a_streaming_request_in_band(server, client):
         if chunk.choices and chunk.choices[0].finish_reason:
             finishes.append(chunk.choices[0].finish_reason)
     assert finishes[-1] == "abort"
+
+
+def test_server_info_says_which_dtype_and_why(server):
+    info = server.info()
+    assert info["dtype"] in ("bfloat16", "float32")
+    assert info["dtype_reason"].startswith("auto: the CPU has")  # the CPU was asked
+    assert info["kv_cache_dtype"] == info["dtype"] and info["quantization"] == "none"
+    assert info["attention_backend"] == "cpu" and info["torch_threads"] >= 1

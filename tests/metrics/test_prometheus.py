@@ -104,7 +104,11 @@ def prometheus(
 ) -> Iterator[Prometheus]:
     folder = tmp_path_factory.mktemp("prometheus")
     config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        # scraped 4x a second: the burst's states (4 running, 1 queued) last a few hundred
+        # decode steps, under a second on the CPU fast path, and must not fall between scrapes
+        "global": {
+            "scrape_interval": "250ms", "evaluation_interval": "1s", "scrape_timeout": "250ms",
+        },
         "rule_files": [str(ALERTS)],
         "scrape_configs": [
             {

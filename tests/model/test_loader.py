@@ -111,7 +111,7 @@ def test_sharded_checkpoints_load_every_shard(
     assert (
         len(json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]) > 1
     )
-    sharded, _ = load_model(tmp_path, "cpu", torch.float32)
+    sharded, _ = load_model(tmp_path, "cpu", torch.float32, attention_backend="torch")
     ids = prompt(10, seed=0, vocab=pair.config.vocab_size)
 
     ours = PagedRunner(sharded, page_size=1).extend([(0, ids)])

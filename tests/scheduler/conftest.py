@@ -81,6 +81,7 @@ def make_harness(tiny_llama_path: Path) -> Iterator[HarnessFactory]:
         path = model_path or tiny_llama_path
         defaults = {
             "device": "cpu",
+            "dtype": "float32",  # the HF-exact path: several tests compare with transformers
             "max_total_tokens": 4096,
             "max_running_requests": 8,
             "disable_overlap_schedule": True,  # tests opt in to the overlap loop

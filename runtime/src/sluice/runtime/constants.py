@@ -46,8 +46,10 @@ FLAG_SCHEDULER_HEARTBEAT_TIMEOUT = "--scheduler-heartbeat-timeout"
 ENV_API_KEY = "SLUICE_API_KEY"
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flashinfer")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flashinfer")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float32")
+QUANTIZATIONS = ("none", "w8a8")
 
 # --- metrics (an interface: the HPA, the alerts and the dashboard use these names) -------
 METRIC_PREFIX = "sluice_"

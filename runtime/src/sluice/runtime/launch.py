@@ -28,6 +28,7 @@ from sluice.runtime.metrics import MetricsCollector
 from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
 from sluice.runtime.scheduler.process import run_scheduler_process
 from sluice.runtime.server_args import ServerArgs
+from sluice.runtime.threads import limit_helper_process_threads
 
 logger = logging.getLogger("sluice.server")
 
@@ -156,6 +157,7 @@ def launch_server(args: ServerArgs) -> int:
         logger.error("%s", err)
         children.stop()
         return 1
+    limit_helper_process_threads()  # after the children started: they are not to inherit it
     tm = TokenizerManager(load_tokenizer(model_path), served_name(args, model_path), ready, port_args)
     metrics = MetricsCollector(
         tm.served_model_name, tm.stats, compat=args.metrics_compat, page_size=ready.page_size

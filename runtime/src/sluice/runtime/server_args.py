@@ -28,7 +28,19 @@ class ServerArgs:
     host: str = option(C.DEFAULT_HOST, "Address the HTTP server binds.")
     port: int = option(C.DEFAULT_PORT, "Port the HTTP server listens on.")
     device: str = option("auto", "Device for the model: cpu, cuda or auto.", ("auto", "cpu", "cuda"))
-    dtype: str = option("auto", "Weight and activation dtype (auto: fp32 on CPU, bf16 on GPU).", C.DTYPES)
+    dtype: str = option(
+        "auto", "Weight and activation dtype (auto: bf16 on a GPU and on CPUs with native bf16, "
+        "avx512_bf16 or amx_bf16; else fp32).", C.DTYPES,
+    )
+    kv_cache_dtype: str = option(
+        "auto", "KV cache dtype (auto: the model dtype); bfloat16 halves the attention traffic.",
+        C.KV_CACHE_DTYPES,
+    )
+    quantization: str = option(
+        "none", "w8a8: int8 weights per channel and dynamic int8 activations per token "
+        "(torchao's scheme, torch's int8 GEMM; CPU only). lm_head stays unquantized.",
+        C.QUANTIZATIONS,
+    )
     page_size: int = option(1, "Tokens per KV cache page.")
     max_total_tokens: int = option(0, "KV pool size in tokens (0: derive from the memory budget).")
     cpu_kv_cache_gib: float = option(1.0, "KV pool budget in GiB on the CPU when --max-total-tokens is 0.")
@@ -118,7 +130,10 @@ class ServerArgs:
         120.0, f"{C.LIVE_PATH} turns 503 when requests are in flight and the scheduler has sent "
         "no stats for this many seconds (a hung scheduler: deadlock, stuck collective).",
     )
-    torch_threads: int = option(0, "torch intra-op threads in the scheduler on the CPU (0: torch's default).")
+    torch_threads: int = option(
+        0, "torch intra-op threads of the model worker on the CPU (0: torch's default, one per "
+        "core, capped by the cgroup CPU quota; the tokenizer and detokenizer keep to one).",
+    )
 
     @property
     def resolved_device(self) -> str:
@@ -167,6 +182,10 @@ class ServerArgs:
                 problems.append(f"{flag} must be > 0")
         if not 0 <= self.max_top_logprobs <= 100:
             problems.append("--max-top-logprobs must be in [0, 100]")
+        if self.quantization == "w8a8" and self.device == "cuda":
+            problems.append("--quantization w8a8 is implemented for the CPU only")
+        if self.quantization != "none" and self.enable_deterministic_inference:
+            problems.append("--quantization cannot be combined with --enable-deterministic-inference")
         if self.tensor_parallel_size != 1:
             problems.append(
                 "--tensor-parallel-size > 1 is not supported by this build yet; "

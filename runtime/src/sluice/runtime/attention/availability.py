@@ -33,6 +33,10 @@ def backend_problem(name: str, device: object, *, interpreter: bool | None = Non
     if name in ("auto", "torch"):
         return None
     flag = f"{constants.FLAG_ATTENTION_BACKEND} {name}"
+    if name == "cpu":
+        if str(device).startswith("cpu"):
+            return None
+        return f"{flag} runs on the CPU only, but the device is {device}"
     if name == "flashinfer" and not is_cuda(device):
         return (
             f"{flag} needs a CUDA GPU, but the device is {device}; "

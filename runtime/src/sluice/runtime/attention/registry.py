@@ -18,6 +18,7 @@ import torch
 from sluice.runtime import constants
 from sluice.runtime.attention.availability import backend_problem, is_cuda
 from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.cpu_backend import CpuAttentionBackend
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
 
 logger = logging.getLogger("sluice.attention")
@@ -48,7 +49,9 @@ def resolve_backend_name(name: str, device: str | torch.device) -> str:
             return "flashinfer"
         if _imports("triton"):
             return "triton"
-    return "torch"
+        return "torch"
+    # the CPU gets its in-place paged kernels (a compiled extension, or their torch fallback)
+    return "cpu" if torch.device(device).type == "cpu" else "torch"
 
 
 def create_attention_backend(
@@ -77,6 +80,8 @@ def create_attention_backend(
         from sluice.runtime.attention.flashinfer import FlashInferAttentionBackend
 
         return FlashInferAttentionBackend(scale, page_size=page_size, device=device)
+    if resolved == "cpu":
+        return CpuAttentionBackend(scale=scale)
     return TorchAttentionBackend(scale=scale)
 
 

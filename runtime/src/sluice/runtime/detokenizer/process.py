@@ -32,6 +32,7 @@ from sluice.runtime.ipc.messages import (
     TextUpdate,
 )
 from sluice.runtime.ipc.sockets import PortArgs, pull_socket, push_socket, recv, send
+from sluice.runtime.threads import limit_helper_process_threads
 
 logger = logging.getLogger("sluice.detokenizer")
 
@@ -121,6 +122,7 @@ def run_detokenizer_process(
     try:
         from transformers import AutoTokenizer
 
+        limit_helper_process_threads()
         manager = DetokenizerManager(AutoTokenizer.from_pretrained(tokenizer_path))
         from_scheduler = pull_socket(ctx, port_args.detokenizer_input)
         to_tokenizer = push_socket(ctx, port_args.tokenizer_input)

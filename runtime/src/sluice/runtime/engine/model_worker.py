@@ -25,6 +25,7 @@ from sluice.runtime import features as FEATURES
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
 from sluice.runtime.attention.registry import create_model_backend, resolve_backend_name
+from sluice.runtime.engine.cpu_features import choose_dtype, choose_kv_dtype
 from sluice.runtime.engine.cuda_graph import (
     CudaGraphRunner,
     capture_batch_sizes,
@@ -33,21 +34,20 @@ from sluice.runtime.engine.cuda_graph import (
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput, RowInput
 from sluice.runtime.ipc.messages import SchedulerReady
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
+from sluice.runtime.model import cpu_fused_ops
 from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sluice.runtime.model.loader import load_model, load_tokenizer
+from sluice.runtime.model.quantization import quantize_model
 from sluice.runtime.sampling.sampler import TokenHistory, needs_history, sample
 from sluice.runtime.server_args import ServerArgs
+from sluice.runtime.threads import model_worker_threads
 
 logger = logging.getLogger("sluice.model_worker")
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
-    if name == "auto":
-        # bf16 matmuls are slow on CPUs without bf16 instructions
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return _DTYPES[name]
+    """`--dtype` on `device`; `auto` looks at the CPU (see `cpu_features.choose_dtype`)."""
+    return choose_dtype(name, device).dtype
 
 
 def size_kv_pool(args: ServerArgs, device: str, per_token_bytes: int) -> int:
@@ -97,12 +97,21 @@ class ModelWorker:
     def __init__(self, args: ServerArgs, model_path: str | Path) -> None:
         self.args = args
         self.device = args.resolved_device
-        self.dtype = resolve_dtype(args.dtype, self.device)
-        if args.torch_threads > 0:
-            torch.set_num_threads(args.torch_threads)
+        choice = choose_dtype(args.dtype, self.device, deterministic=args.enable_deterministic_inference)
+        self.dtype, self.dtype_reason = choice.dtype, choice.reason
+        self.kv_dtype = choose_kv_dtype(args.kv_cache_dtype, self.dtype)
+        logger.info("dtype %s (%s), KV cache %s", choice.name, choice.reason, self.kv_dtype)
+        if self.device == "cpu" or args.torch_threads > 0:
+            threads, why = model_worker_threads(args.torch_threads, torch.get_num_threads())
+            torch.set_num_threads(threads)
+            logger.info("model worker: %d torch threads (%s)", threads, why)
         torch.manual_seed(max(args.random_seed, 0))
         backend = _attention_backend(args, self.device)
         self.model, self.model_config = load_model(Path(model_path), self.device, self.dtype, backend)
+        if (quantized := quantize_model(self.model, args.quantization)) > 0:
+            logger.info("quantization %s: %d linear layers", args.quantization, quantized)
+        if self.device == "cpu" and (reason := cpu_fused_ops.enable(self.model)) is not None:
+            logger.warning("fused CPU ops unavailable (%s); running the torch ops", reason)
         self.tokenizer = load_tokenizer(Path(model_path))
         cfg = self.model_config
         eos = set(cfg.eos_token_ids)
@@ -110,7 +119,7 @@ class ModelWorker:
             eos.add(int(self.tokenizer.eos_token_id))
         self.eos_token_ids = sorted(eos)
 
-        per_token = bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype)
+        per_token = bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.kv_dtype)
         page = args.page_size
         total = size_kv_pool(args, self.device, per_token) // page * page
         model_context = args.max_context_len or cfg.context_length
@@ -128,14 +137,14 @@ class ModelWorker:
         self.pool = PoolLayout(total, page, args.max_running_requests, context, model_context)
         self.kv = KVBuffers(
             (total // page + 1) * page, cfg.num_hidden_layers, cfg.num_key_value_heads,
-            cfg.head_dim, self.dtype, self.device,
+            cfg.head_dim, self.kv_dtype, self.device,
         )
         table = (args.max_running_requests, context + page + 1)
         self.req_to_token = torch.zeros(table, dtype=torch.int32, device=self.device)
         self.token_table = torch.zeros(table, dtype=torch.int32, device=self.device)
         logger.info(
             "KV pool: %d tokens, %.1f MiB (%d bytes/token, %s on %s)",
-            total, self.kv.total_bytes / 2**20, per_token, self.dtype, self.device,
+            total, self.kv.total_bytes / 2**20, per_token, self.kv_dtype, self.device,
         )
         self.graph_runner = self._capture_cuda_graphs(backend)
 
@@ -180,6 +189,10 @@ class ModelWorker:
             attention_backend=self.attention_backend_name,
             model_context_len=self.pool.model_context_len,
             features=sorted(FEATURES.ALL),
+            dtype_reason=self.dtype_reason,
+            kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
+            quantization=self.args.quantization,
+            torch_threads=torch.get_num_threads(),
         )
 
     def device_row(self, row: int, n: int) -> list[int]:

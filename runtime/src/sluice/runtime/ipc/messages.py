@@ -216,3 +216,7 @@ class SchedulerReady:
     # what the scheduler implements beyond plain sampling; the API refuses a request that
     # needs a feature not listed (names in `sluice.runtime.features`)
     features: list[str] = field(default_factory=list)
+    dtype_reason: str = ""
+    kv_cache_dtype: str = ""
+    quantization: str = "none"
+    torch_threads: int = 0

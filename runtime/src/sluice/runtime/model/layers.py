@@ -2,6 +2,9 @@
 
 Parameters are allocated uninitialised (`torch.empty`) directly on the target device and
 dtype: every one of them is overwritten by `load_weights`, so random init is wasted work.
+
+With `fused` set (`model.cpu_fused_ops.enable`), RMSNorm and SiLU-and-multiply run as one
+compiled CPU op each (`torch.ops.sluice_cpu.*`) instead of a chain of torch ops.
 """
 
 from __future__ import annotations
@@ -57,11 +60,14 @@ class RMSNorm(nn.Module):
     ):
         super().__init__()
         self.eps = eps
+        self.fused = False
         self.weight = nn.Parameter(
             torch.empty(hidden_size, device=device, dtype=dtype), requires_grad=False
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and x.dim() == 2:
+            return torch.ops.sluice_cpu.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -81,9 +87,12 @@ class SwiGLUMLP(nn.Module):
     ) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
+        self.fused = False
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias, device, dtype)
         self.down_proj = Linear(intermediate_size, hidden_size, bias, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and x.dim() == 2:
+            return self.down_proj(torch.ops.sluice_cpu.silu_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)

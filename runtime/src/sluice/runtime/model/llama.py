@@ -35,6 +35,7 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = config.q_size
         self.kv_size = config.kv_size
+        self.fused = False  # rotary embedding as one compiled CPU op (model.cpu_fused_ops)
         self.qkv_proj = Linear(
             config.hidden_size, config.q_size + 2 * config.kv_size, config.qkv_bias, device, dtype
         )
@@ -50,8 +51,12 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = RotaryEmbedding.apply(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = RotaryEmbedding.apply(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.fused:
+            q, k = torch.ops.sluice_cpu.rotary(q, k, cos, sin)
+        else:
+            q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = backend.forward(q, k, v, self.layer_id, batch)
         return self.o_proj(out.reshape(num_tokens, self.q_size))

@@ -1,0 +1,153 @@
+"""`cpu`: paged attention for the CPU that reads K/V in place, with no padding and no gather.
+
+Decode and extend go through one compiled kernel (`kernels/csrc/paged_attention.cpp`,
+`torch.ops.sluice_cpu.paged_attention`): each request's keys and values are read straight
+from the pool through its row of `req_to_token`, the query heads of a KV head share every
+load, long sequences are split over threads (split-KV with an online softmax), and the work
+is dealt to threads by cost, so a skewed batch costs what a uniform one of the same total
+length costs. A cached prefix is read in place by every chunk of an extend.
+
+Where the kernels cannot be built (no C++ compiler), the backend runs `VarlenTorchAttention`:
+decode over the flat list of every request's slots (no padding to the longest request),
+extend through the torch backend's per-request SDPA.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.torch_backend import TorchAttentionBackend
+from sluice.runtime.kernels import cpu_extension as extension
+from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
+
+logger = logging.getLogger(__name__)
+
+DECODE_KV_CHUNK = 256  # keys per split-KV chunk of a decode query
+EXTEND_KV_CHUNK = 1 << 30  # extend: query blocks give the parallelism, no key split
+QUERY_BLOCK = 16  # extend queries per work unit (times the GQA group = rows)
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # of q and of the cache; others run torch
+
+
+@dataclass(frozen=True)
+class _Metadata:
+    rows: torch.Tensor  # [batch] int64 on the CPU, req_to_token row of each request
+    prefix_lens: torch.Tensor  # [batch] int64, tokens before this forward's first new token
+    extend_lens: torch.Tensor  # [batch] int64
+    kv_chunk: int
+
+
+class CpuAttentionBackend(AttentionBackend):
+    def __init__(self, scale: float | None = None, *, use_kernels: bool | None = None) -> None:
+        super().__init__(scale)
+        reason = extension.load() if use_kernels is not False else None
+        if use_kernels and reason is not None:
+            raise RuntimeError(f"CPU attention kernels unavailable: {reason}")
+        if use_kernels is None:
+            use_kernels = reason is None
+            if reason is not None:
+                logger.warning("cpu attention: compiled kernels unavailable (%s); using torch "
+                               "varlen attention", reason)
+        self.use_kernels = use_kernels
+        self._fallback = None if use_kernels else VarlenTorchAttention(scale)
+        self._meta: _Metadata | None = None
+
+    @property
+    def implementation(self) -> str:
+        return "kernels" if self.use_kernels else "torch-varlen"
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if self._fallback is not None:
+            self._fallback.init_forward_metadata(batch)
+            return
+        extend = torch.tensor(batch.extend_lens_cpu, dtype=torch.int64)
+        seq = torch.tensor(batch.seq_lens_cpu, dtype=torch.int64)
+        decode = batch.mode == ForwardMode.DECODE
+        self._meta = _Metadata(
+            rows=batch.req_pool_indices.to("cpu", torch.int64),
+            prefix_lens=seq - extend,
+            extend_lens=extend,
+            kv_chunk=DECODE_KV_CHUNK if decode else EXTEND_KV_CHUNK,
+        )
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        if self._fallback is not None:
+            return self._fallback.forward(q, k, v, layer_id, batch)
+        meta = self._meta
+        if meta is None:
+            raise RuntimeError("init_forward_metadata() was not called before forward()")
+        if q.dtype not in KERNEL_DTYPES or batch.kv.dtype not in KERNEL_DTYPES:
+            return self._unsupported_dtype(q, k, v, layer_id, batch)
+        batch.kv.write(layer_id, batch.out_cache_loc, k, v)
+        return torch.ops.sluice_cpu.paged_attention(
+            q, batch.kv.k[layer_id], batch.kv.v[layer_id], batch.req_to_token, meta.rows,
+            meta.prefix_lens, meta.extend_lens, self.scale_for(q.shape[-1]), meta.kv_chunk,
+            QUERY_BLOCK,
+        )  # fmt: skip
+
+
+    def _unsupported_dtype(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """fp16 (or another dtype the kernels lack): from now on the torch fallback runs (the
+        first layer of the first forward gets here; later calls take the fallback at once)."""
+        logger.warning("cpu attention: no kernel for %s/%s; using torch varlen attention",
+                       q.dtype, batch.kv.dtype)  # fmt: skip
+        self._fallback = VarlenTorchAttention(self.scale)
+        self._fallback.init_forward_metadata(batch)
+        return self._fallback.forward(q, k, v, layer_id, batch)
+
+
+class VarlenTorchAttention(AttentionBackend):
+    """Torch-only fallback. Decode: every request's slots concatenated (total tokens, no
+    padding), scores per (token, query head), softmax per request segment. Extend: the
+    torch backend's per-request SDPA."""
+
+    def __init__(self, scale: float | None = None) -> None:
+        super().__init__(scale)
+        self._extend = TorchAttentionBackend(scale)
+        self._decode: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        self._decode = None
+        if batch.mode != ForwardMode.DECODE:
+            self._extend.init_forward_metadata(batch)
+            return
+        device = batch.req_to_token.device
+        lens = torch.tensor(batch.seq_lens_cpu, dtype=torch.int64, device=device)
+        owner = torch.repeat_interleave(torch.arange(len(batch.seq_lens_cpu), device=device), lens)
+        starts = torch.cumsum(lens, 0) - lens
+        positions = torch.arange(int(lens.sum()), device=device) - starts[owner]
+        rows = batch.req_pool_indices.to(device)[owner]
+        slots = batch.req_to_token[rows, positions].to(torch.int64)
+        self._decode = (slots, owner)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        if self._decode is None:
+            return self._extend.forward(q, k, v, layer_id, batch)
+        batch.kv.write(layer_id, batch.out_cache_loc, k, v)
+        slots, owner = self._decode
+        num_reqs = batch.batch_size
+        _, heads, dim = q.shape
+        keys = batch.kv.k[layer_id].index_select(0, slots).float()  # [T, kv_heads, dim]
+        values = batch.kv.v[layer_id].index_select(0, slots).float()
+        kv_heads = keys.shape[1]
+        queries = q[:num_reqs].float().view(num_reqs, kv_heads, heads // kv_heads, dim)[owner]
+        scores = torch.einsum("tkgd,tkd->tkg", queries, keys) * self.scale_for(dim)
+        peak = torch.full((num_reqs, kv_heads, heads // kv_heads), float("-inf"), device=q.device)
+        peak = peak.scatter_reduce(0, owner[:, None, None].expand_as(scores), scores, "amax")
+        weights = torch.exp(scores - peak[owner])
+        total = torch.zeros_like(peak).index_add_(0, owner, weights)
+        out = torch.zeros(num_reqs, kv_heads, heads // kv_heads, dim, device=q.device)
+        out.index_add_(0, owner, weights[..., None] * values[:, :, None, :])
+        out = (out / total[..., None]).reshape(num_reqs, heads, dim).to(q.dtype)
+        if q.shape[0] > num_reqs:
+            out = torch.cat([out, out.new_zeros(q.shape[0] - num_reqs, heads, dim)])
+        return out

@@ -1,0 +1,123 @@
+"""Build (once) and load the CPU kernels, `torch.ops.sluice_cpu.*`.
+
+`csrc/paged_attention.cpp` (the `cpu` attention backend) and `csrc/fused_ops.cpp` (RMSNorm,
+rotary embedding, SiLU-and-multiply in one pass each) are compiled by `torch.utils.cpp_extension` with
+`-O3 -march=native -fopenmp` into a folder keyed by the source, the torch version and the
+CPU's flags, under the model cache dir (`$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`).
+The first process builds it (a file lock makes concurrent processes build once, ~30 s);
+later ones load the cached library. `make setup` builds it ahead of time
+(`python -m sluice.runtime.kernels.cpu_extension`). Without a C++ compiler, or when the
+build fails, `load()` returns None and says why; the caller falls back to torch code.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "fused_ops.cpp")]
+NAME = "sluice_cpu_kernels"
+# reassociation lets the compiler vectorise sums as trees (dot products, softmax sums);
+# infinities and NaNs keep their meaning (no -ffinite-math-only)
+CFLAGS = [
+    "-O3", "-march=native", "-fopenmp", "-std=c++17",
+    "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
+]
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sluice"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def build_directory(root: Path | None = None) -> Path:
+    """One folder per (source, torch, compiler flags, CPU): -march=native code is per CPU."""
+    texts = [source.read_text() for source in SOURCES]
+    key = "\0".join([*texts, torch.__version__, " ".join(CFLAGS), _cpu_flags()])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return (root or cache_root()) / "kernels" / f"{NAME}-{digest}"
+
+
+def compiler_available() -> bool:
+    return shutil.which(os.environ.get("CXX", "c++")) is not None
+
+
+STALE_LOCK_S = 600.0  # a build takes well under a minute; a lock this old lost its builder
+
+
+def _clear_stale_lock(folder: Path) -> None:
+    """cpp_extension's build lock is a file; a build killed mid-way leaves it behind and every
+    later process would wait on it forever."""
+    lock = folder / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            logger.warning("removing a stale kernel build lock %s", lock)
+            lock.unlink()
+    except FileNotFoundError:
+        pass
+
+
+@functools.cache
+def load() -> str | None:
+    """Load the kernels; None when they are loaded, else the reason they are not."""
+    if hasattr(torch.ops.sluice_cpu, "paged_attention"):
+        return None
+    if not compiler_available():
+        return "no C++ compiler on PATH"
+    from torch.utils import cpp_extension
+
+    folder = build_directory()
+    folder.mkdir(parents=True, exist_ok=True)
+    _clear_stale_lock(folder)
+    try:
+        cpp_extension.load(
+            name=NAME,
+            sources=[str(source) for source in SOURCES],
+            extra_cflags=CFLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(folder),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as err:  # a broken toolchain must not take the server down
+        logger.warning("building the CPU kernels failed: %s", err)
+        return f"build failed: {err}"
+    return None
+
+
+def available() -> bool:
+    return load() is None
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO)
+    reason = load()
+    if reason is not None:
+        print(f"CPU kernels not built: {reason}", file=sys.stderr)
+        return 1
+    print(f"CPU kernels ready in {build_directory()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
