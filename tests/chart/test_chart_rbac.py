@@ -50,6 +50,7 @@ def needed(p: Permission, clusterwide: bool, peering: bool, podmonitors: bool) -
         "always": True,
         "namespaces": not clusterwide,
         "podmonitors": podmonitors,
+        "inferencepools": True,  # rbac.inferencePools' default
         "peering": peering and (p.scope == "cluster") == clusterwide,
     }[p.when]
 
