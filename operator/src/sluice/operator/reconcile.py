@@ -173,12 +173,14 @@ async def reconcile(
     if decision.handover is not None:
         await _hand_over(ctx.api, namespace, name, decision.handover)
 
+    # the model Service selects the router pods only while an available router replica
+    # (ours) exists; otherwise the runtime pods, so the API never loses its endpoints
     router = existing.get((DEPLOYMENTS.kind, isvc.router_name))
     to_router = (
         isvc.router.enabled
         and router is not None
         and owned_by(router, uid)
-        and (router_serves(router))
+        and router_serves(router)
     )
 
     def wanted_plan(isvc: InferenceServiceSpec) -> Plan:
