@@ -26,7 +26,7 @@ from sluice.runtime.distributed.grammar_sync import grammar_queue
 from sluice.runtime.distributed.group import SINGLE_RANK, init_process_group
 from sluice.runtime.distributed.ticks import Tick, TickBroadcaster
 from sluice.runtime.distributed.topology import RankSpec
-from sluice.runtime.engine.executor import SyncExecutor, ThreadExecutor
+from sluice.runtime.engine.executor import SyncExecutor, overlap_executor
 from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.ipc.messages import SchedulerStats
 from sluice.runtime.ipc.sockets import (
@@ -79,7 +79,7 @@ def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
         mixed_chunk=not args.disable_mixed_chunk,
         max_prefill_streak=args.max_prefill_streak,
     )
-    executor = SyncExecutor(worker) if args.disable_overlap_schedule else ThreadExecutor(worker)
+    executor = SyncExecutor(worker) if args.disable_overlap_schedule else overlap_executor(worker)
     grammars = grammar_queue(
         GrammarCompiler(worker.tokenizer, worker.model_config.vocab_size, worker.eos_token_ids),
         worker.tp,
