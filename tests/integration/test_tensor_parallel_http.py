@@ -130,6 +130,37 @@ def test_two_ranks_generate_what_one_does(models, tmp_path, name, loop):
     assert two == one
 
 
+SAMPLED = {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0.9, "seed": 7,
+           "frequency_penalty": 0.6, "presence_penalty": 0.4, "ignore_eos": True}  # fmt: skip
+REGEX = r"[a-e]{4,8}"
+CONSTRAINED = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0,
+               "guided_regex": REGEX}  # fmt: skip
+
+
+def sampling_features(model: Path, tmp_path: Path, tp: int) -> list[str]:
+    """Seeded sampling with penalties, and a regex-constrained request (rank 0 samples with
+    its generators, its penalties' token history and its grammar mask; the other ranks'
+    schedulers must admit the constrained request at the same tick)."""
+    with serve(model, tmp_path / f"features-tp{tp}.log", "--dtype", "float32",
+               "--tensor-parallel-size", str(tp)) as srv:  # fmt: skip
+        name = httpx.get(f"{srv.url}/v1/models", timeout=30).json()["data"][0]["id"]
+        texts = []
+        for body in (SAMPLED, CONSTRAINED, SAMPLED):
+            r = httpx.post(f"{srv.url}/v1/completions", json={"model": name, **body}, timeout=120)
+            r.raise_for_status()
+            texts.append(r.json()["choices"][0]["text"])
+        return texts
+
+
+@pytest.mark.slow
+def test_seeded_sampling_penalties_and_constraints_are_those_of_one_rank(models, tmp_path):
+    one = sampling_features(models["heads4_kv2"], tmp_path, 1)
+    two = sampling_features(models["heads4_kv2"], tmp_path, 2)
+    assert re.fullmatch(REGEX, one[1]), one[1]  # the constraint itself
+    assert one[0] == one[2]  # the seed alone decides the sample
+    assert two == one
+
+
 def rank_pid(log: Path, rank: int) -> int:
     found = re.findall(rf"scheduler \(tp rank {rank}\): pid (\d+)", log.read_text())
     assert found, f"no pid logged for rank {rank}"
