@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 from distributed.test_tp_logits import VARIANTS, script_logits
-from distributed.tp_ranks import run_ranks
 from gpu_support import ON_CPU
 from tiny_model import make_tiny_llama
+from tp_ranks import run_ranks
 
 from sluice.runtime.distributed.group import TensorParallelGroup
 from sluice.runtime.model.loader import load_model
