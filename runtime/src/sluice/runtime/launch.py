@@ -1,9 +1,10 @@
 """Start the runtime: scheduler and detokenizer processes, then the HTTP server.
 
-The parent process runs the API server and the TokenizerManager. It watches its children:
-if one dies, it logs which and exits non-zero (Kubernetes restarts the pod) instead of
-keeping a server that accepts requests and never answers. SIGTERM drains: /health turns
-503, no new requests are admitted, running ones finish within `--drain-timeout`.
+The parent process runs the API server and the TokenizerManager. It watches its children
+(`supervisor.py`): if one dies, or the watchdog finds the engine hung, it answers every
+client with an error, logs why and exits non-zero (Kubernetes restarts the pod) instead
+of keeping a server that accepts requests and never answers. SIGTERM drains: /health
+turns 503, no new requests are admitted, running ones finish within `--drain-timeout`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import uvicorn
 from sluice.runtime import constants as C
 from sluice.runtime.detokenizer.process import run_detokenizer_process
 from sluice.runtime.entrypoints.http_server import build_app
+from sluice.runtime.entrypoints.request_limits import RequestLimits
 from sluice.runtime.entrypoints.tokenizer_manager import WARMUP_RID, TokenizerManager
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerReady
 from sluice.runtime.ipc.sockets import PortArgs
@@ -28,6 +29,7 @@ from sluice.runtime.metrics import MetricsCollector
 from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
 from sluice.runtime.scheduler.process import run_scheduler_process
 from sluice.runtime.server_args import ServerArgs
+from sluice.runtime.supervisor import Supervisor
 from sluice.runtime.threads import limit_helper_process_threads
 
 logger = logging.getLogger("sluice.server")
@@ -83,6 +85,11 @@ class ChildProcesses:
                 raise ChildDied(f"{p.name} process exited with code {p.exitcode} during start-up")
         raise ChildDied(f"scheduler not ready after {timeout:.0f}s")
 
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+
     def stop(self) -> None:
         for p in self.procs:
             if p.is_alive():
@@ -134,15 +141,6 @@ async def warm_up(tm: TokenizerManager) -> None:
         pass
 
 
-async def _watch_children(children: ChildProcesses) -> None:
-    while True:
-        await asyncio.sleep(WATCH_INTERVAL_S)
-        if (p := children.dead()) is not None:
-            logger.error("%s process exited with code %s; shutting the server down", p.name, p.exitcode)
-            children.stop()
-            os._exit(1)
-
-
 def launch_server(args: ServerArgs) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -158,19 +156,24 @@ def launch_server(args: ServerArgs) -> int:
         children.stop()
         return 1
     limit_helper_process_threads()  # after the children started: they are not to inherit it
-    tm = TokenizerManager(load_tokenizer(model_path), served_name(args, model_path), ready, port_args)
+    tm = TokenizerManager(
+        load_tokenizer(model_path), served_name(args, model_path), ready, port_args,
+        RequestLimits.from_args(args),
+    )  # fmt: skip
+    tm.processes = {p.name: p.pid for p in children.procs}
     metrics = MetricsCollector(
         tm.served_model_name, tm.stats, compat=args.metrics_compat, page_size=ready.page_size
     )
     app = build_app(tm, args, metrics_handler=metrics.handler)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     server = DrainingServer(config, tm, args.drain_timeout)
+    supervisor = Supervisor(tm, children, server, args.watchdog_timeout)
 
     @app.on_event("startup")
     async def _start() -> None:
         server.loop = asyncio.get_running_loop()
         tm.start()
-        asyncio.get_running_loop().create_task(_watch_children(children))
+        asyncio.get_running_loop().create_task(supervisor.run())
         if not args.disable_warmup:
             await warm_up(tm)
         metrics.attach(tm)  # after the warm-up: it is not a request to count
@@ -186,4 +189,4 @@ def launch_server(args: ServerArgs) -> int:
     finally:
         tm.close()
         children.stop()
-    return 0
+    return supervisor.exit_code

@@ -31,6 +31,7 @@ from sluice.runtime.engine.cuda_graph import (
     capture_batch_sizes,
     cuda_graph_disabled_reason,
 )
+from sluice.runtime.engine.fault_injection import FaultPlan
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput, RowInput
 from sluice.runtime.ipc.messages import SchedulerReady
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
@@ -94,6 +95,8 @@ def _attention_backend(args: ServerArgs, device: str) -> AttentionBackend:
 
 
 class ModelWorker:
+    faults: FaultPlan | None = None  # tests only: SLUICE_TEST_FAULTS (engine/fault_injection.py)
+
     def __init__(self, args: ServerArgs, model_path: str | Path) -> None:
         self.args = args
         self.device = args.resolved_device
@@ -268,6 +271,8 @@ class ModelWorker:
             logits = self.graph_runner.replay(fb)
         else:
             logits = self.model.forward(fb)
+        if self.faults is not None:
+            self.faults.check(fi)
         prompt_logprobs = self._prompt_logprobs(fi, logits[len(fi.rows) :])
         logits = logits[: len(fi.rows)]
         sampled = [r for r in fi.rows if r.sample]

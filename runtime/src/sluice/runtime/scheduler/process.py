@@ -18,6 +18,7 @@ import zmq
 
 from sluice.runtime.constrained import GrammarCompiler
 from sluice.runtime.engine.executor import SyncExecutor, ThreadExecutor
+from sluice.runtime.engine.fault_injection import FaultPlan
 from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.ipc.messages import SchedulerStats
 from sluice.runtime.ipc.sockets import (
@@ -31,6 +32,7 @@ from sluice.runtime.ipc.sockets import (
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.request_slots import RequestSlots
 from sluice.runtime.scheduler.cache import KVCacheManager
+from sluice.runtime.scheduler.faults import answer_everyone
 from sluice.runtime.scheduler.grammar import GrammarQueue
 from sluice.runtime.scheduler.hold_gate import HoldGate
 from sluice.runtime.scheduler.policy import PolicyConfig
@@ -70,6 +72,7 @@ def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
         random_seed=args.random_seed,
         mixed_chunk=not args.disable_mixed_chunk,
         max_prefill_streak=args.max_prefill_streak,
+        vocab_size=worker.model_config.vocab_size,
     )
     executor = SyncExecutor(worker) if args.disable_overlap_schedule else ThreadExecutor(worker)
     grammars = GrammarQueue(
@@ -95,6 +98,7 @@ def run_scheduler_process(
     parent = os.getppid()
     try:
         worker = ModelWorker(args, model_path)
+        worker.faults = FaultPlan.from_env()  # tests only
         scheduler = build_scheduler(args, worker)
         ctx = zmq.Context()
         inbox = pull_socket(ctx, port_args.scheduler_input)
@@ -109,15 +113,19 @@ def run_scheduler_process(
             args.max_running_requests,
             worker.context_len,
         )
-        serve_forever(
-            scheduler,
-            inbox,
-            outbox,
-            parent,
-            not args.disable_overlap_schedule,
-            args.log_tick_timing,
-            HoldGate.from_env(),
-        )
+        try:
+            serve_forever(
+                scheduler,
+                inbox,
+                outbox,
+                parent,
+                not args.disable_overlap_schedule,
+                args.log_tick_timing,
+                HoldGate.from_env(),
+            )
+        except Exception as exc:  # the engine is down: answer every request, then exit 1
+            answer_everyone(scheduler, outbox, exc)
+            raise
     except Exception:
         logger.error("scheduler process crashed:\n%s", traceback.format_exc())
         try:
