@@ -49,6 +49,9 @@ class FakeTM:
     def __post_init__(self):
         self.vocab_size = self.vocab_size or len(self.tokenizer)
 
+    def scheduler_stalled(self, timeout_s):
+        return False
+
     def check_admission(self, n):
         if self.capacity and len(self.live) + n > self.capacity:
             self.rejected += n

@@ -70,12 +70,18 @@ def _check_text(text: str, path: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
+        where = _printable(path) or "body"
         raise _invalid(
-            f"{path or 'body'}: the string holds a lone surrogate ({exc.object[exc.start]!a}), "
+            f"{where}: the string holds a lone surrogate ({exc.object[exc.start]!a}), "
             "which is not valid Unicode",
-            _top(path),
+            _printable(_top(path)),
         ) from exc
 
 
 def _top(path: str) -> str | None:
     return path.split(".")[0] if path else None
+
+
+def _printable(text: str | None) -> str | None:
+    """`text` as the error can carry it (a key may be the lone surrogate itself)."""
+    return text.encode("utf-8", "backslashreplace").decode() if text is not None else None
