@@ -11,6 +11,7 @@ prefix cache, and the pool's books balance.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from sluice.runtime.engine.engine_faults import EngineUnusable, is_unrecoverable
 from sluice.runtime.engine.fault_injection import (
@@ -24,7 +25,19 @@ from sluice.runtime.scheduler.faults import EngineDead
 
 POISON = 77
 PREFIX = [11, 12, 13, 14, 15, 16, 17, 18]  # two full pages of 4
-LOOPS = pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+# the normal loop, the overlap loop on a forward thread (the CPU's) and on the stream
+# executor (the GPU's, driven through host streams)
+LOOPS = pytest.mark.parametrize("loop", ["normal", "thread", "stream"])
+
+
+def harness(make_harness, loop: str, **kw: object):
+    h = make_harness(disable_overlap_schedule=loop == "normal", **kw)
+    if loop == "stream":
+        from sluice.runtime.engine.executor import HostStreams, StreamExecutor
+
+        h.scheduler.executor.close()
+        h.scheduler.executor = StreamExecutor(h.worker, HostStreams())
+    return h
 
 
 def run_alone(make_harness, prompt: list[int], **sampling: object) -> list[int]:
@@ -53,9 +66,9 @@ def test_unrecoverable_faults_are_the_device_errors():
 
 
 @LOOPS
-def test_a_failed_batch_ends_its_requests_and_the_rest_are_served_unchanged(make_harness, overlap):
+def test_a_failed_batch_ends_its_requests_and_the_rest_are_served_unchanged(make_harness, loop):
     want = run_alone(make_harness, PREFIX + [30, 31], max_new_tokens=6, ignore_eos=True)
-    h = make_harness(page_size=4, max_running_requests=2, disable_overlap_schedule=not overlap)
+    h = harness(make_harness, loop, page_size=4, max_running_requests=2)
     h.worker.faults = FaultPlan(forward_token=POISON)
     h.submit("poisoned", PREFIX + [POISON, 40], max_new_tokens=6, ignore_eos=True)
     h.submit("neighbour", [21, 22, 23], max_new_tokens=6, ignore_eos=True)  # same batch
@@ -75,9 +88,9 @@ def test_a_failed_batch_ends_its_requests_and_the_rest_are_served_unchanged(make
 
 @LOOPS
 def test_a_fault_while_others_decode_fails_the_whole_batch_and_serving_goes_on(
-    make_harness, overlap
+    make_harness, loop
 ):
-    h = make_harness(page_size=4, disable_overlap_schedule=not overlap)
+    h = harness(make_harness, loop, page_size=4)
     h.worker.faults = FaultPlan(forward_token=POISON)
     h.submit("running", [21, 22, 23], max_new_tokens=40, ignore_eos=True)
     for _ in range(3):
@@ -95,8 +108,9 @@ def test_a_fault_while_others_decode_fails_the_whole_batch_and_serving_goes_on(
     h.assert_all_free()
 
 
-def test_a_sampler_fault_for_one_row_loses_that_batch_only(make_harness):
-    h = make_harness(disable_overlap_schedule=False)
+@LOOPS
+def test_a_sampler_fault_for_one_row_loses_that_batch_only(make_harness, loop):
+    h = harness(make_harness, loop)
     h.worker.faults = FaultPlan(sample_seed=4242)
     h.submit("seeded", [5, 6, 7], max_new_tokens=3, temperature=1.0, seed=4242)
     h.run_until_idle()
@@ -110,9 +124,9 @@ def test_a_sampler_fault_for_one_row_loses_that_batch_only(make_harness):
 
 @LOOPS
 def test_an_unrecoverable_fault_raises_engine_dead_and_every_request_is_answered(
-    make_harness, overlap
+    make_harness, loop
 ):
-    h = make_harness(max_running_requests=2, disable_overlap_schedule=not overlap)
+    h = harness(make_harness, loop, max_running_requests=2)
     h.worker.faults = FaultPlan(fatal_token=POISON)
     h.submit("running", [21, 22, 23], max_new_tokens=40, ignore_eos=True)
     h.step()
@@ -129,6 +143,32 @@ def test_an_unrecoverable_fault_raises_engine_dead_and_every_request_is_answered
     assert h.finished["queued"].message == "going down"
     h.scheduler.executor.close()
     h.scheduler._requests.clear()  # noqa: SLF001 - dead: nothing to give back
+
+
+@LOOPS
+def test_a_launch_that_raises_loses_its_batch_in_every_executor(make_harness, loop, monkeypatch):
+    """The model itself raising (not the hook, which fails after it): the stream executor
+    launches on the scheduler thread, so its submit must surface the error as the others do,
+    through the forward's result; an out-of-memory error is survived."""
+    h = harness(make_harness, loop)
+    model = h.worker.model
+    real_forward = model.forward
+
+    def forward(fb):
+        if bool((fb.input_ids == POISON).any()):
+            raise torch.OutOfMemoryError("injected: out of memory in the forward")
+        return real_forward(fb)
+
+    monkeypatch.setattr(model, "forward", forward)
+    h.submit("poisoned", [POISON, 5, 6], max_new_tokens=3)
+    h.run_until_idle()
+    assert h.finished["poisoned"].kind == "error"
+    assert "OutOfMemoryError" in h.finished["poisoned"].message
+    want = run_alone(make_harness, [5, 6, 7], max_new_tokens=4, ignore_eos=True)
+    h.submit("after", [5, 6, 7], max_new_tokens=4, ignore_eos=True)
+    h.run_until_idle()
+    assert h.outputs["after"] == want
+    h.assert_all_free()
 
 
 def test_an_integrity_failure_after_a_fault_is_fatal(make_harness, monkeypatch):

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice.runtime import constants as C
+from sluice.runtime.disconnect import ClientGone, unless_disconnected
 from sluice.runtime.entrypoints import logprobs as L
 from sluice.runtime.entrypoints import openai_protocol as P
 from sluice.runtime.entrypoints import openai_responses as R
@@ -45,7 +46,6 @@ from sluice.runtime.entrypoints.streaming import (
     ChatEvents,
     ChoiceStreams,
     Chunk,
-    ClientGone,
     Collected,
     CompletionEvents,
     EventFormat,
@@ -53,7 +53,6 @@ from sluice.runtime.entrypoints.streaming import (
     SSEResponse,
     as_protocol_error,
     sse_event,
-    unless_disconnected,
 )
 from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST
 from sluice.runtime.ipc.messages import Constraint, FinishReason, SamplingParams

@@ -17,7 +17,7 @@ from typing import Any
 import zmq
 
 from sluice.runtime.constrained import GrammarCompiler
-from sluice.runtime.engine.executor import SyncExecutor, ThreadExecutor
+from sluice.runtime.engine.executor import SyncExecutor, overlap_executor
 from sluice.runtime.engine.fault_injection import FaultPlan
 from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.ipc.messages import SchedulerStats
@@ -74,7 +74,7 @@ def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
         max_prefill_streak=args.max_prefill_streak,
         vocab_size=worker.model_config.vocab_size,
     )
-    executor = SyncExecutor(worker) if args.disable_overlap_schedule else ThreadExecutor(worker)
+    executor = SyncExecutor(worker) if args.disable_overlap_schedule else overlap_executor(worker)
     grammars = GrammarQueue(
         GrammarCompiler(worker.tokenizer, worker.model_config.vocab_size, worker.eos_token_ids)
     )

@@ -30,7 +30,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -374,7 +373,7 @@ class Scheduler:
             pending.fill(self.grammars)  # type: ignore[arg-type]
             pending = None
         self._mask_to_fill = pending
-        result: Future[ForwardOutput] = self.executor.submit(fi)
+        result = self.executor.submit(fi)
         self.inflight.launch(batch, result)
 
     def _fill_mask(self) -> None:
