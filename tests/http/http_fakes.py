@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.runtime.entrypoints.request_limits import Overloaded
+from sluice.runtime.entrypoints.request_limits import Overloaded, TooManyChoices
 from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST, GenerateChunk
 from sluice.runtime.ipc.messages import FinishReason
 
@@ -52,7 +52,9 @@ class FakeTM:
     def scheduler_stalled(self, timeout_s):
         return False
 
-    def check_admission(self, n):
+    def check_admission(self, n):  # as TokenizerManager.check_admission
+        if self.capacity and n > self.capacity:
+            raise TooManyChoices(f"{n} choices; the server admits at most {self.capacity}")
         if self.capacity and len(self.live) + n > self.capacity:
             self.rejected += n
             raise Overloaded("The server is overloaded.")

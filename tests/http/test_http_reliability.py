@@ -4,6 +4,7 @@ a scripted TokenizerManager: every refusal is a 4xx/5xx in OpenAI's error shape,
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import jsonschema
@@ -170,13 +171,25 @@ def test_a_stream_ends_with_an_error_event_and_done(client, tm, path):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_over_the_admission_limit_is_a_503_with_retry_after_for_all_choices(tokenizer, stream):
-    tm = FakeTM(tokenizer, capacity=2)
+    tm = FakeTM(tokenizer, capacity=3)
     with TestClient(build_app(tm, ServerArgs(model="/m"))) as c:
+        tm.live["busy"] = asyncio.Event()  # one request in flight: three more do not fit
         r = c.post("/v1/chat/completions", json={**CHAT, "n": 3, "stream": stream})
         assert_error(r, 503, code="server_overloaded")
         assert r.headers["Retry-After"] == "1"
         assert tm.requests == [] and tm.rejected == 3  # none of the three choices started
         assert c.post("/v1/chat/completions", json={**CHAT, "n": 2}).status_code == 200
+
+
+def test_more_choices_than_the_server_ever_admits_is_a_400_not_a_503(tokenizer):
+    """Five choices where at most four are ever admitted: a 503 would have the client
+    retry for ever. (n past 128 is refused by the schema already.)"""
+    tm = FakeTM(tokenizer, capacity=4)
+    with TestClient(build_app(tm, ServerArgs(model="/m"))) as c:
+        r = c.post("/v1/chat/completions", json={**CHAT, "n": 5})
+        assert_error(r, 400, param="n")
+        assert "admits at most 4" in r.json()["error"]["message"]
+        assert tm.requests == [] and tm.rejected == 0
 
 
 def test_a_body_over_the_limit_is_a_413_before_it_is_read(tokenizer):

@@ -10,7 +10,12 @@ import asyncio
 import pytest
 import zmq
 
-from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded, RequestLimits
+from sluice.runtime.entrypoints.request_limits import (
+    EngineDown,
+    Overloaded,
+    RequestLimits,
+    TooManyChoices,
+)
 from sluice.runtime.entrypoints.tokenizer_manager import TokenizerManager
 from sluice.runtime.ipc.messages import (
     AbortReq,
@@ -90,6 +95,8 @@ def test_past_running_plus_queued_a_request_is_refused_before_it_is_sent(pipelin
             await tm.generate([5, 6], PARAMS).__anext__()
         with pytest.raises(Overloaded):
             tm.check_admission(1)
+        with pytest.raises(TooManyChoices, match="3 choices"):  # never fits: a 400
+            tm.check_admission(3)
         # the server's own prefill-only requests do not count
         own, c = started(tm, admit=False)
         await asyncio.sleep(0)

@@ -40,7 +40,7 @@ from sluice.runtime.entrypoints import tools as TL
 from sluice.runtime.entrypoints.constraints import ConstraintError, request_constraint
 from sluice.runtime.entrypoints.http_guards import ApiKeyMiddleware, BodyLimitMiddleware
 from sluice.runtime.entrypoints.json_body import load_json_body
-from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded
+from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded, TooManyChoices
 from sluice.runtime.entrypoints.streaming import (
     SSE_DONE,
     ChatEvents,
@@ -161,6 +161,8 @@ class _Server:
             Q.check_token_ids(j.params.stop_token_ids, self.tm.vocab_size, stop_param)
         try:
             self.tm.check_admission(len(jobs))  # all the choices, or none
+        except TooManyChoices as exc:
+            raise P.ProtocolError(str(exc), param="n") from exc
         except (Overloaded, EngineDown) as exc:
             raise as_protocol_error(exc) from exc
         if not self.args.disable_radix_cache:

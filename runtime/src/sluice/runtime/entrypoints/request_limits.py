@@ -30,5 +30,10 @@ class Overloaded(Exception):
     retry_after_s = RETRY_AFTER_S
 
 
+class TooManyChoices(ValueError):
+    """A request with more choices than the server ever admits at once (400: retrying
+    cannot help, so not a 503)."""
+
+
 class EngineDown(Exception):
     """The engine (scheduler or detokenizer) is gone or hung: nothing can be served (503)."""

@@ -28,7 +28,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded, RequestLimits
+from sluice.runtime.entrypoints.request_limits import (
+    EngineDown,
+    Overloaded,
+    RequestLimits,
+    TooManyChoices,
+)
 from sluice.runtime.ipc.messages import (
     AbortReq,
     BatchStrOut,
@@ -127,10 +132,16 @@ class TokenizerManager:
         return self.num_inflight > 0 and time.monotonic() - self.heard_at > timeout_s
 
     def check_admission(self, n: int) -> None:
-        """Raise `Overloaded` if `n` more requests would exceed the admission limit."""
+        """Raise `Overloaded` if `n` more requests would exceed the admission limit, and
+        `TooManyChoices` if they never could (a retry would be refused again)."""
         if self.down is not None:
             raise EngineDown(f"the engine is down: {self.down}")
         capacity = self.limits.capacity
+        if capacity and n > capacity:
+            raise TooManyChoices(
+                f"This request asks for {n} choices (prompts x n); the server admits at most "
+                f"{capacity} at once (--max-running-requests + --max-queued-requests)."
+            )
         if capacity and self._admitted + n > capacity:
             for listener in self.listeners:
                 if hasattr(listener, "on_reject"):
