@@ -140,3 +140,42 @@ def test_a_killed_child_ends_every_stream_and_the_server_exits_non_zero(model, t
         assert f"the {child} process exited with code -9" in srv.log_tail(400)
         with pytest.raises(httpx.TransportError):
             httpx.get(srv.url + C.HEALTH_PATH, timeout=5)
+
+
+def test_the_watchdog_answers_every_client_of_a_hung_scheduler_and_exits_non_zero(
+    model, tmp_path
+):
+    """A real hang: the scheduler is stopped (SIGSTOP) with four streams frozen
+    mid-generation; past --watchdog-timeout every stream ends with an error and the
+    server exits non-zero (a restart is what fixes a hang)."""
+    hold, env = hold_env(tmp_path / "hold")
+    watchdog_s = 3
+    flags = (C.FLAG_SCHEDULER_HEARTBEAT_TIMEOUT, "1", C.FLAG_WATCHDOG_TIMEOUT, str(watchdog_s))
+    with serve(model, tmp_path / "server.log", *flags, env=env) as srv:
+        pid = srv.info()["processes"]["scheduler"]
+        hold.arm(1, 4)
+
+        async def four() -> tuple[list[StreamOutcome], float]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                tasks = [
+                    asyncio.ensure_future(
+                        stream(client, srv.url + "/generate",
+                               generate([20 + i, 6, 7], 400, stream=True))  # fmt: skip
+                    )
+                    for i in range(4)
+                ]
+                await asyncio.to_thread(hold.wait_held)
+                os.kill(pid, signal.SIGSTOP)
+                stopped_at = time.monotonic()
+                hold.release()  # it stays stopped: the hang is the signal's, not the gate's
+                return list(await asyncio.gather(*tasks)), stopped_at
+
+        outcomes, stopped_at = asyncio.run(four())
+        for out in outcomes:
+            assert out.error is not None or out.closed_early, out
+            if out.error is not None:
+                assert "watchdog" in out.error["message"], out.error
+            assert out.ended_at - stopped_at < watchdog_s + 10
+        code = srv.proc.wait(timeout=max(1.0, watchdog_s + 15 - (time.monotonic() - stopped_at)))
+        assert code != 0
+        assert "watchdog: the scheduler sent nothing" in srv.log_tail(400)
