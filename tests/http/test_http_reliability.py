@@ -242,7 +242,14 @@ GOOD = {
 BAD = {
     "/v1/completions": [{}, {"prompt": "a", "nonsense": 1}, {"prompt": "a", "n": 0}],
     "/v1/chat/completions": [{"messages": []}, {**CHAT, "temperature": "hot"}],
-    "/generate": [{"text": "a", "unknown_field": True}],
+    "/generate": [
+        {"text": "a", "unknown_field": True},
+        {},  # neither text nor input_ids
+        {"text": "a", "input_ids": [1]},  # both
+        {"text": ""},
+        {"input_ids": []},
+        {"input_ids": [1, 10**6]},  # past the vocab
+    ],
 }
 
 

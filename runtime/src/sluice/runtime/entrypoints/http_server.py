@@ -534,7 +534,7 @@ def build_app(
     app = FastAPI(
         title="sluice", docs_url=None, redoc_url=None, openapi_url=openapi_doc.OPENAPI_PATH
     )
-    openapi_doc.install(app)
+    openapi_doc.install(app, vocab_size=getattr(tm, "vocab_size", None))
     app.state.server = server
     app.add_api_route("/v1/models", server.models, methods=["GET"])
     for path, handler in (

@@ -55,6 +55,34 @@ def _standard(node: Any) -> Any:
     }
 
 
+def _prompt_rules(vocab_size: int | None) -> dict[str, Any]:
+    """What `GenerateRequest.check` enforces in code, as JSON Schema: exactly one of `text`
+    and `input_ids`, neither empty, token ids inside the model's vocabulary."""
+    token: dict[str, Any] = {"type": "integer", "minimum": 0}
+    if vocab_size:
+        token["maximum"] = vocab_size - 1
+    ids = {"type": "array", "minItems": 1, "items": token}
+    text = {"type": "string", "minLength": 1}
+    return {
+        "oneOf": [
+            {
+                "required": ["text"],
+                "properties": {
+                    "text": {"anyOf": [text, {"type": "array", "minItems": 1, "items": text}]},
+                    "input_ids": {"type": "null"},
+                },
+            },
+            {
+                "required": ["input_ids"],
+                "properties": {
+                    "input_ids": {"anyOf": [ids, {"type": "array", "minItems": 1, "items": ids}]},
+                    "text": {"type": "null"},
+                },
+            },
+        ]
+    }
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -64,8 +92,9 @@ def _version() -> str:
         return "0"
 
 
-def install(app: FastAPI, version: str | None = None) -> None:
-    """Make `app.openapi()` (and so /openapi.json) include the body models."""
+def install(app: FastAPI, version: str | None = None, vocab_size: int | None = None) -> None:
+    """Make `app.openapi()` (and so /openapi.json) include the body models (`vocab_size`:
+    the model's, the bound of a token id)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -75,6 +104,7 @@ def install(app: FastAPI, version: str | None = None) -> None:
                 schema = _standard(model.model_json_schema(ref_template=REF))
                 schemas.update(schema.pop("$defs", {}))
                 schemas[model.__name__] = schema
+            schemas[P.GenerateRequest.__name__].update(_prompt_rules(vocab_size))
             app.openapi_schema = doc
         return app.openapi_schema
 
