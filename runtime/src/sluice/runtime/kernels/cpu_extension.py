@@ -27,7 +27,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "fused_ops.cpp")]
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / name for name in ("paged_attention.cpp", "fused_ops.cpp")]
+HEADERS = [CSRC / "cpu_math.h"]
 NAME = "sluice_cpu_kernels"
 # reassociation lets the compiler vectorise sums as trees (dot products, softmax sums);
 # infinities and NaNs keep their meaning (no -ffinite-math-only)
@@ -54,7 +56,7 @@ def _cpu_flags() -> str:
 
 def build_directory(root: Path | None = None) -> Path:
     """One folder per (source, torch, compiler flags, CPU): -march=native code is per CPU."""
-    texts = [source.read_text() for source in SOURCES]
+    texts = [source.read_text() for source in (*SOURCES, *HEADERS)]
     key = "\0".join([*texts, torch.__version__, " ".join(CFLAGS), _cpu_flags()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return (root or cache_root()) / "kernels" / f"{NAME}-{digest}"
