@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.runtime.entrypoints.request_limits import Overloaded, TooManyChoices
 from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST, GenerateChunk
 from sluice.runtime.ipc.messages import FinishReason
 
@@ -41,6 +42,22 @@ class FakeTM:
     live: dict[str, asyncio.Event] = field(default_factory=dict)
 
     prefills: list[list[int]] = field(default_factory=list)  # prefill_only calls (n > 1)
+    vocab_size: int = 0  # 0: the tokenizer's size
+    capacity: int = 0  # admission limit on requests in flight (0: none)
+    rejected: int = 0  # requests refused by it
+
+    def __post_init__(self):
+        self.vocab_size = self.vocab_size or len(self.tokenizer)
+
+    def scheduler_stalled(self, timeout_s):
+        return False
+
+    def check_admission(self, n):  # as TokenizerManager.check_admission
+        if self.capacity and n > self.capacity:
+            raise TooManyChoices(f"{n} choices; the server admits at most {self.capacity}")
+        if self.capacity and len(self.live) + n > self.capacity:
+            self.rejected += n
+            raise Overloaded("The server is overloaded.")
 
     async def prefill_only(self, input_ids):
         self.prefills.append(list(input_ids))

@@ -91,9 +91,14 @@ def test_finish_reasons_map_to_statuses(collector, clock):
     stream(collector, clock, "c", [(0.1, 1)], "abort")  # the scheduler ended it: an error
     state = stream(collector, clock, "d", [(0.1, 1)], None)
     collector.on_abort("d", state)  # its client went away
+    stream(collector, clock, "e", [(0.1, 1)], "error")  # an engine fault on its batch
+    stream(collector, clock, "f", [(0.1, 1)], "timeout")  # past --request-timeout
+    collector.on_reject(3)  # three choices refused by the admission limit
     scrape = read(collector)
     counts = {s: scrape.value(C.METRIC_REQUESTS_TOTAL, status=s) for s in C.REQUEST_STATUSES}
-    assert counts == {"stop": 1, "length": 1, "abort": 1, "error": 1}
+    assert counts == {
+        "stop": 1, "length": 1, "abort": 1, "error": 2, "timeout": 1, "rejected": 3
+    }  # fmt: skip
     assert collector.requests.num_tracked == 0
 
 

@@ -148,7 +148,8 @@ def test_finish_statuses_stop_length_and_abort_are_counted(runtime):
             for st in C.REQUEST_STATUSES
         }
 
-    eventually(lambda: counted() == {"stop": 1, "length": 0, "abort": 1, "error": 0})
+    expected = {"stop": 1, "length": 0, "abort": 1, "error": 0, "timeout": 0, "rejected": 0}
+    eventually(lambda: counted() == expected)
 
 
 def test_counters_never_decrease_between_scrapes(runtime, scrape_history):

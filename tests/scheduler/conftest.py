@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import wait
 from collections.abc import Callable, Iterator
+from concurrent.futures import wait
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -43,6 +43,9 @@ FLAG_API_KEY = "--api-key"
 FLAG_DRAIN_TIMEOUT = "--drain-timeout"
 FLAG_STARTUP_TIMEOUT = "--startup-timeout"
 FLAG_SCHEDULER_HEARTBEAT_TIMEOUT = "--scheduler-heartbeat-timeout"
+FLAG_WATCHDOG_TIMEOUT = "--watchdog-timeout"
+FLAG_MAX_QUEUED_REQUESTS = "--max-queued-requests"
+FLAG_REQUEST_TIMEOUT = "--request-timeout"
 ENV_API_KEY = "SLUICE_API_KEY"
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")
@@ -77,7 +80,10 @@ METRIC_ITL_SECONDS = "sluice_inter_token_latency_seconds"
 METRIC_E2E_SECONDS = "sluice_e2e_request_latency_seconds"
 METRIC_QUEUE_TIME_SECONDS = "sluice_queue_time_seconds"
 
-REQUEST_STATUSES = ("stop", "length", "abort", "error")
+# how a request ended (sluice_requests_total{status}): finished (stop, length), its client
+# went away (abort), the server failed it (error), past --request-timeout (timeout), or
+# refused at once by the admission limit (rejected, --max-queued-requests)
+REQUEST_STATUSES = ("stop", "length", "abort", "error", "timeout", "rejected")
 
 # the per-pod custom metrics prometheus-adapter exposes to the HPA
 HPA_METRIC_QUEUE_DEPTH = METRIC_QUEUE_REQUESTS

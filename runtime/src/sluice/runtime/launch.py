@@ -1,11 +1,11 @@
 """Start the runtime: scheduler and detokenizer processes, then the HTTP server.
 
 The parent process runs the API server and the TokenizerManager. It watches its children
-(one scheduler per tensor-parallel rank, the detokenizer): if one dies, it logs which,
-fails every in-flight request with an error, and exits non-zero (Kubernetes restarts the
-pod) instead of keeping a server that accepts requests and never answers. SIGTERM drains:
-/health turns 503, no new requests are admitted, running ones finish within
-`--drain-timeout`.
+(one scheduler per tensor-parallel rank, the detokenizer) through `supervisor.py`: if one
+dies, or the watchdog finds the engine hung, it answers every client with an error, logs
+why (naming the rank) and exits non-zero (Kubernetes restarts the pod) instead of keeping a
+server that accepts requests and never answers. SIGTERM drains: /health turns 503, no new
+requests are admitted, running ones finish within `--drain-timeout`.
 
 With `--nnodes` > 1, a node other than node 0 runs only its ranks' schedulers
 (`serve_follower_node`); see `distributed.topology`.
@@ -31,6 +31,7 @@ from sluice.runtime import constants as C
 from sluice.runtime.detokenizer.process import run_detokenizer_process
 from sluice.runtime.distributed.topology import RankSpec, node_ranks, tensor_parallel_problem
 from sluice.runtime.entrypoints.http_server import build_app
+from sluice.runtime.entrypoints.request_limits import RequestLimits
 from sluice.runtime.entrypoints.tokenizer_manager import WARMUP_RID, TokenizerManager
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerReady
 from sluice.runtime.ipc.sockets import PortArgs
@@ -39,12 +40,13 @@ from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
 from sluice.runtime.scheduler.process import run_scheduler_process
 from sluice.runtime.server_args import ServerArgs
+from sluice.runtime.supervisor import Supervisor
 from sluice.runtime.threads import limit_helper_process_threads
 
 logger = logging.getLogger("sluice.server")
 
 WATCH_INTERVAL_S = 0.5
-FAIL_FLUSH_S = 2.0  # after a child died: how long failed requests get to send their errors
+
 
 
 def served_name(args: ServerArgs, model_path: Path) -> str:
@@ -98,8 +100,8 @@ class ChildProcesses:
         return self.exited[0] if self.exited else None
 
     def describe_exits(self) -> str:
-        """"<name> process exited with code <c>" for each exited child, first exit first."""
-        return "; then ".join(f"{p.name} process exited with code {p.exitcode}" for p in self.exited)
+        """"the <name> process exited with code <c>" for each exited child, first exit first."""
+        return "; then ".join(f"the {p.name} process exited with code {p.exitcode}" for p in self.exited)
 
     def wait_ready(self, timeout: float) -> SchedulerReady:
         deadline = time.monotonic() + timeout
@@ -115,6 +117,11 @@ class ChildProcesses:
             if self.dead() is not None:
                 raise ChildDied(f"{self.describe_exits()} during start-up")
         raise ChildDied(f"scheduler not ready after {timeout:.0f}s")
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
 
     def stop(self) -> None:
         for p in self.procs:
@@ -165,21 +172,6 @@ async def warm_up(tm: TokenizerManager) -> None:
     params = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
     async for _ in tm.generate(ids, params, rid=WARMUP_RID):
         pass
-
-
-async def _watch_children(children: ChildProcesses, tm: TokenizerManager) -> None:
-    while children.dead() is None:
-        await asyncio.sleep(WATCH_INTERVAL_S)
-    exits = children.describe_exits()
-    logger.error("%s; shutting the server down", exits)
-    failed = tm.fail_all(f"The server is shutting down: {exits}.")
-    deadline = time.monotonic() + FAIL_FLUSH_S
-    while tm.num_inflight and time.monotonic() < deadline:  # let their errors go out
-        await asyncio.sleep(0.05)
-    if failed:
-        await asyncio.sleep(0.2)  # the last response bytes leave the socket
-    children.stop()
-    os._exit(1)
 
 
 def startup_problem(args: ServerArgs, model_path: Path) -> str | None:
@@ -238,19 +230,24 @@ def launch_server(args: ServerArgs) -> int:
         children.stop()
         return 1
     limit_helper_process_threads()  # after the children started: they are not to inherit it
-    tm = TokenizerManager(load_tokenizer(model_path), served_name(args, model_path), ready, port_args)
+    tm = TokenizerManager(
+        load_tokenizer(model_path), served_name(args, model_path), ready, port_args,
+        RequestLimits.from_args(args),
+    )  # fmt: skip
+    tm.processes = {p.name: p.pid for p in children.procs}
     metrics = MetricsCollector(
         tm.served_model_name, tm.stats, compat=args.metrics_compat, page_size=ready.page_size
     )
     app = build_app(tm, args, metrics_handler=metrics.handler)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     server = DrainingServer(config, tm, args.drain_timeout)
+    supervisor = Supervisor(tm, children, server, args.watchdog_timeout)
 
     @app.on_event("startup")
     async def _start() -> None:
         server.loop = asyncio.get_running_loop()
         tm.start()
-        asyncio.get_running_loop().create_task(_watch_children(children, tm))
+        asyncio.get_running_loop().create_task(supervisor.run())
         if not args.disable_warmup:
             await warm_up(tm)
         metrics.attach(tm)  # after the warm-up: it is not a request to count
@@ -266,4 +263,4 @@ def launch_server(args: ServerArgs) -> int:
     finally:
         tm.close()
         children.stop()
-    return 0
+    return supervisor.exit_code

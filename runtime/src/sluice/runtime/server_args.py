@@ -140,6 +140,23 @@ class ServerArgs:
         120.0, f"{C.LIVE_PATH} turns 503 when requests are in flight and the scheduler has sent "
         "no stats for this many seconds (a hung scheduler: deadlock, stuck collective).",
     )
+    watchdog_timeout: float = option(
+        300.0, "Watchdog: when requests are in flight and the scheduler has sent nothing for this "
+        "many seconds, answer every client with an error and exit non-zero (0: off). Reads the "
+        f"same heartbeat as {C.LIVE_PATH}, so set it above --scheduler-heartbeat-timeout.",
+    )
+    max_queued_requests: int = option(
+        1024, "Requests that may wait beyond --max-running-requests: past running + queued, a "
+        "request is refused at once with 503 and Retry-After (-1: no limit; each choice of "
+        "n > 1 counts).",
+    )
+    request_timeout: float = option(
+        0.0, "Seconds from arrival a request may take; past it, it is aborted (its KV pages "
+        "freed) and answered with 408 (0: no limit).",
+    )
+    max_request_body_bytes: int = option(
+        32 * 2**20, "Largest request body accepted; a larger one gets 413.",
+    )
     torch_threads: int = option(
         0, "torch intra-op threads of the model worker on the CPU (0: torch's default, one per "
         "core, capped by the cgroup CPU quota; the tokenizer and detokenizer keep to one).",
@@ -190,6 +207,14 @@ class ServerArgs:
         ):
             if not value > 0:
                 problems.append(f"{flag} must be > 0")
+        if self.watchdog_timeout < 0:
+            problems.append(f"{C.FLAG_WATCHDOG_TIMEOUT} must be >= 0 (0: off)")
+        if self.max_queued_requests < -1:
+            problems.append(f"{C.FLAG_MAX_QUEUED_REQUESTS} must be >= -1 (-1: no limit)")
+        if self.request_timeout < 0:
+            problems.append(f"{C.FLAG_REQUEST_TIMEOUT} must be >= 0 (0: no limit)")
+        if self.max_request_body_bytes < 1:
+            problems.append("--max-request-body-bytes must be >= 1")
         if not 0 <= self.max_top_logprobs <= 100:
             problems.append("--max-top-logprobs must be in [0, 100]")
         if self.quantization == "w8a8" and self.device == "cuda":

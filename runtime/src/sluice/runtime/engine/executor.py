@@ -182,6 +182,16 @@ class _StreamResult:
         return self.executor.worker.collect(self.sampled)
 
 
+class _FailedLaunch:
+    """A forward whose launch raised: reading its result raises what the launch did."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def result(self) -> ForwardOutput:
+        raise self.error
+
+
 def _host_copy(sampled: SampledForward, streams: DeviceStreams) -> SampledForward:
     out = sampled.out
     if out is not None:
@@ -209,9 +219,12 @@ class StreamExecutor:
         self.streams = streams if streams is not None else CudaStreams(worker.device)
         self._last: _StreamResult | None = None
 
-    def submit(self, fi: ForwardInput) -> _StreamResult:
-        with self.streams.side():
-            handle = _StreamResult(self, self.worker.launch(fi))
+    def submit(self, fi: ForwardInput) -> _StreamResult | _FailedLaunch:
+        try:
+            with self.streams.side():
+                handle = _StreamResult(self, self.worker.launch(fi))
+        except Exception as err:  # surfaced by result(), as the other executors do
+            return _FailedLaunch(err)
         if fi.vocab_mask is None:
             handle.sample(None)
         else:

@@ -19,8 +19,10 @@ table holds the same tokens.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,8 @@ from sluice.runtime.engine.cuda_graph import (
     capture_batch_sizes,
     cuda_graph_disabled_reason,
 )
+from sluice.runtime.engine.engine_faults import EngineUnusable
+from sluice.runtime.engine.fault_injection import FaultPlan
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput, RowInput
 from sluice.runtime.ipc.messages import SchedulerReady
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
@@ -101,6 +105,8 @@ def _attention_backend(args: ServerArgs, device: str) -> AttentionBackend:
 
 
 class ModelWorker:
+    faults: FaultPlan | None = None  # tests only: SLUICE_TEST_FAULTS (engine/fault_injection.py)
+
     def __init__(
         self, args: ServerArgs, model_path: str | Path, tp: TensorParallelGroup = SINGLE_RANK
     ) -> None:
@@ -293,6 +299,25 @@ class ModelWorker:
 
     @torch.inference_mode()
     def launch(self, fi: ForwardInput) -> LaunchedForward:
+        with self._faults_of_the_group():
+            return self._launch(fi)
+
+    def sample(self, launched: LaunchedForward, mask: torch.Tensor | None) -> SampledForward:
+        with self._faults_of_the_group():
+            return self._sample(launched, mask)
+
+    @contextlib.contextmanager
+    def _faults_of_the_group(self) -> Iterator[None]:
+        """With tensor parallelism a rank whose forward raised has left the others waiting in
+        a collective: one batch cannot be dropped on one rank, so any fault is fatal."""
+        try:
+            yield
+        except Exception as exc:
+            if self.tp.size == 1 or isinstance(exc, EngineUnusable):
+                raise
+            raise EngineUnusable(f"tp rank {self.tp.rank}: {type(exc).__name__}: {exc}") from exc
+
+    def _launch(self, fi: ForwardInput) -> LaunchedForward:
         began = time.perf_counter()
         fb = self.forward_batch(fi)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
@@ -302,8 +327,10 @@ class ModelWorker:
         return LaunchedForward(fi, logits, began)
 
     @torch.inference_mode()
-    def sample(self, launched: LaunchedForward, mask: torch.Tensor | None) -> SampledForward:
+    def _sample(self, launched: LaunchedForward, mask: torch.Tensor | None) -> SampledForward:
         fi, logits = launched.fi, launched.logits
+        if self.faults is not None:
+            self.faults.check(fi)
         prompt = self._prompt_logprobs(fi, logits[len(fi.rows) :])
         logits = logits[: len(fi.rows)]
         sampled = [r for r in fi.rows if r.sample]

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import hmac
-import json
 import logging
 import random
 import time
@@ -36,9 +34,13 @@ from sluice.runtime.disconnect import ClientGone, unless_disconnected
 from sluice.runtime.entrypoints import logprobs as L
 from sluice.runtime.entrypoints import openai_protocol as P
 from sluice.runtime.entrypoints import openai_responses as R
+from sluice.runtime.entrypoints import openapi_doc
 from sluice.runtime.entrypoints import request_params as Q
 from sluice.runtime.entrypoints import tools as TL
 from sluice.runtime.entrypoints.constraints import ConstraintError, request_constraint
+from sluice.runtime.entrypoints.http_guards import ApiKeyMiddleware, BodyLimitMiddleware
+from sluice.runtime.entrypoints.json_body import load_json_body
+from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded, TooManyChoices
 from sluice.runtime.entrypoints.streaming import (
     SSE_DONE,
     ChatEvents,
@@ -113,10 +115,7 @@ class _Server:
 
     # --- steps every generation route takes -------------------------------------------------
     async def parse(self, request: Request, model: type[T]) -> T:
-        try:
-            data = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise P.ProtocolError(f"Malformed JSON body: {exc}", code="invalid_json") from exc
+        data = load_json_body(await request.body())
         if not isinstance(data, dict):
             raise P.ProtocolError("The request body must be a JSON object.", code="invalid_json")
         try:
@@ -143,7 +142,7 @@ class _Server:
     ) -> list[int]:
         if isinstance(prompt, str):
             return self.tm.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        Q.check_token_ids(prompt, len(self.tm.tokenizer), param)
+        Q.check_token_ids(prompt, self.tm.vocab_size, param)
         return list(prompt)
 
     def constraint(self, req: Any, prefix: str = "") -> tuple[str, Constraint] | None:
@@ -152,11 +151,20 @@ class _Server:
         except ConstraintError as exc:
             raise P.ProtocolError(str(exc), param=exc.param, code="invalid_constraint") from exc
 
-    async def start(self, jobs: list[Job]) -> ChoiceStreams:
+    async def start(self, jobs: list[Job], stop_param: str = "stop_token_ids") -> ChoiceStreams:
         """Start every job. The generators run to their first wait before this returns, so
         an up-front rejection (ValueError, raised before the TokenizerManager's first
-        await) is a 400 even for a stream. A prompt shared by several jobs (n > 1) is
-        prefilled once first, so the others reuse it from the prefix cache (SGLang's way)."""
+        await) is a 400 even for a stream, and a full server a 503. A prompt shared by
+        several jobs (n > 1) is prefilled once first, so the others reuse it from the
+        prefix cache (SGLang's way)."""
+        for j in jobs:
+            Q.check_token_ids(j.params.stop_token_ids, self.tm.vocab_size, stop_param)
+        try:
+            self.tm.check_admission(len(jobs))  # all the choices, or none
+        except TooManyChoices as exc:
+            raise P.ProtocolError(str(exc), param="n") from exc
+        except (Overloaded, EngineDown) as exc:
+            raise as_protocol_error(exc) from exc
         if not self.args.disable_radix_cache:
             shared = {tuple(j.ids) for j in jobs if sum(k.ids == j.ids for k in jobs) > 1}
             await asyncio.gather(*(self.tm.prefill_only(list(ids)) for ids in shared))
@@ -186,14 +194,22 @@ class _Server:
         choices = await unless_disconnected(request, run())
         for c in choices:
             if c.last is None or c.last.finished is None:  # ended without a finish: lost
-                raise self.aborted(c.last)
-            if abort_is_error and _server_abort(c.last.finished):
-                raise self.aborted(c.last)
+                raise self.failure(c.last)
+            if _is_failure(c.last.finished, abort_is_error):
+                raise self.failure(c.last)
         return choices
 
-    def aborted(self, chunk: Chunk) -> P.ProtocolError:
+    def failure(self, chunk: Chunk) -> P.ProtocolError:
+        """The error a client gets for a request the server could not complete: 500 naming
+        the cause for an engine fault, 408 past --request-timeout, 500 (503 while
+        draining) for a server-side abort."""
         reason = chunk.finished if chunk is not None else None
         message = (reason.message if reason else "") or "The request was aborted by the server."
+        kind = reason.kind if reason is not None else "abort"
+        if kind == "timeout":
+            return P.ProtocolError(message, status=408, type="server_error", code="request_timeout")
+        if kind == "error":
+            return P.ProtocolError(message, status=500, type="server_error", code="engine_error")
         status = 503 if self.tm.draining else 500
         return P.ProtocolError(message, status=status, type="server_error", code="request_aborted")
 
@@ -213,8 +229,8 @@ class _Server:
             for event in fmt.prelude():
                 yield event
             async for index, chunk in streams:
-                if abort_is_error and _server_abort(chunk.finished):
-                    yield sse_event(self.aborted(chunk).body())
+                if _is_failure(chunk.finished, abort_is_error):
+                    yield sse_event(self.failure(chunk).body())
                     break
                 for event in fmt.on_chunk(index, chunk):
                     yield event
@@ -415,7 +431,7 @@ class _Server:
         batched = req.is_batch or len(jobs) > 1
         keep = [sp.no_stop_trim for sp in sps for _ in range(sp.n)]
         meta = self.generate_meta(req)
-        streams = await self.start(jobs)
+        streams = await self.start(jobs, stop_param="sampling_params.stop_token_ids")
         if req.stream:
             fmt = GenerateEvents([j.rid for j in jobs], meta, batched, keep)
             return SSEResponse(self.events(streams, fmt, len(jobs), False, False))
@@ -460,11 +476,16 @@ class _Server:
     def health(self) -> Response:
         if self.tm.is_ready and not self.tm.draining:
             return JSONResponse({"status": "ok"})
+        if getattr(self.tm, "down", None):
+            return JSONResponse({"status": "engine-down"}, 503)
         return JSONResponse({"status": "draining" if self.tm.draining else "starting"}, 503)
 
     def live(self) -> Response:
-        """Liveness: fails only for a hung scheduler (a restart helps), never while loading
-        or draining (a restart would not)."""
+        """Liveness: fails for a hung scheduler or a dead engine (a restart helps), never
+        while loading or draining (a restart would not). The watchdog reads the same
+        heartbeat and takes the server down itself after --watchdog-timeout."""
+        if getattr(self.tm, "down", None):
+            return JSONResponse({"status": "engine-down"}, 503)
         if self.tm.scheduler_stalled(self.args.scheduler_heartbeat_timeout):
             return JSONResponse({"status": "scheduler-stalled"}, 503)
         return JSONResponse({"status": "alive"})
@@ -478,9 +499,15 @@ class _Server:
         return info
 
 
-def _server_abort(reason: FinishReason | None) -> bool:
-    """An abort the client did not ask for (POST /abort_request aborts are in band)."""
-    return reason is not None and reason.kind == "abort" and reason.message != ABORTED_BY_REQUEST
+def _is_failure(reason: FinishReason | None, abort_is_error: bool) -> bool:
+    """An end the client gets as an error: an engine fault or a timeout, everywhere; an
+    abort it did not ask for, where `abort_is_error` (POST /abort_request aborts, and
+    /generate's server-side aborts, are reported in band)."""
+    if reason is None:
+        return False
+    if reason.kind in ("error", "timeout"):
+        return True
+    return abort_is_error and reason.kind == "abort" and reason.message != ABORTED_BY_REQUEST
 
 
 def usage_of(finals: list[Any], n: int = 1) -> R.Usage:
@@ -491,29 +518,6 @@ def usage_of(finals: list[Any], n: int = 1) -> R.Usage:
     return R.Usage.of(
         sum(c.prompt_tokens for c in prompts), completion, sum(c.cached_tokens for c in prompts)
     )
-
-
-class ApiKeyMiddleware:
-    """Pure ASGI middleware: every route but /health and /metrics needs the bearer key."""
-
-    def __init__(self, app: Any, api_key: str) -> None:
-        self.app = app
-        self.key = api_key.encode()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
-            await self.app(scope, receive, send)
-            return
-        body = P.error_body("Incorrect API key provided.", code="invalid_api_key")
-        await JSONResponse(body, 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
-
-    def _authorized(self, scope: Any) -> bool:
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                valid = hmac.compare_digest(token.strip(), self.key)
-                return valid and scheme.lower() == b"bearer"
-        return False
 
 
 def build_app(
@@ -527,13 +531,21 @@ def build_app(
     later issue supplies it. Without one there is no /metrics route.
     """
     server = _Server(tm, args)
-    app = FastAPI(title="sluice", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="sluice", docs_url=None, redoc_url=None, openapi_url=openapi_doc.OPENAPI_PATH
+    )
+    openapi_doc.install(app, vocab_size=getattr(tm, "vocab_size", None))
     app.state.server = server
     app.add_api_route("/v1/models", server.models, methods=["GET"])
-    app.add_api_route("/v1/completions", server.completions, methods=["POST"])
-    app.add_api_route("/v1/chat/completions", server.chat, methods=["POST"])
-    app.add_api_route("/generate", server.generate, methods=["POST"])
-    app.add_api_route("/abort_request", server.abort_request, methods=["POST"])
+    for path, handler in (
+        ("/v1/completions", server.completions),
+        ("/v1/chat/completions", server.chat),
+        ("/generate", server.generate),
+        ("/abort_request", server.abort_request),
+    ):
+        app.add_api_route(
+            path, handler, methods=["POST"], openapi_extra=openapi_doc.request_body(path)
+        )
     app.add_api_route(C.HEALTH_PATH, server.health, methods=["GET"])
     app.add_api_route(C.LIVE_PATH, server.live, methods=["GET"])
     app.add_api_route(C.SERVER_INFO_PATH, server.server_info, methods=["GET"])
@@ -546,7 +558,7 @@ def build_app(
             logger.info(
                 "request rejected path=%s status=%d why=%s", request.url.path, exc.status, exc
             )
-        return JSONResponse(exc.body(), exc.status)
+        return JSONResponse(exc.body(), exc.status, headers=exc.headers)
 
     @app.exception_handler(ClientGone)
     async def _gone(request: Request, exc: ClientGone) -> Response:
@@ -571,6 +583,8 @@ def build_app(
         body = P.error_body("Internal server error.", type="server_error", code="internal_error")
         return JSONResponse(body, 500)
 
+    # the last added runs first: an unauthorized client never makes the server buffer a body
+    app.add_middleware(BodyLimitMiddleware, limit=args.max_request_body_bytes)
     if args.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key, open_paths=OPEN_PATHS)
     return app

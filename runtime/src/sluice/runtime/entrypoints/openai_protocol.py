@@ -24,15 +24,18 @@ Choices made where OpenAI, vLLM and SGLang differ:
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -61,6 +64,7 @@ class ProtocolError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -68,6 +72,7 @@ class ProtocolError(Exception):
         self.param = param
         self.code = code
         self.type = type
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
@@ -114,8 +119,20 @@ def _number(value: Any) -> Any:
     return value
 
 
-Int = Annotated[int, BeforeValidator(_number)]
-Float = Annotated[float, BeforeValidator(_number)]
+def _int64(value: int) -> int:
+    if not SEED_MIN <= value <= SEED_MAX:
+        raise PydanticCustomError("int64", "Input should fit in a signed 64-bit integer")
+    return value
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):  # 1e999 parses as infinity
+        raise PydanticCustomError("finite_number", "Input should be a finite number")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_number), AfterValidator(_int64)]
+Float = Annotated[float, BeforeValidator(_number), AfterValidator(_finite)]
 Bool = StrictBool
 TokenId = Annotated[Int, Field(ge=0)]
 
@@ -156,8 +173,22 @@ def _prompts(value: Any) -> list[str | list[int]]:
     )
 
 
-StopList = Annotated[list[str], BeforeValidator(_stop_list)]
-Prompts = Annotated[list[str | list[int]], BeforeValidator(_prompts)]
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+StopList = Annotated[
+    list[str],
+    BeforeValidator(_stop_list),
+    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}),
+]
+Prompts = Annotated[
+    list[str | list[int]],
+    BeforeValidator(_prompts),
+    WithJsonSchema({"anyOf": [
+        {"type": "string"},
+        _TOKEN_IDS,
+        {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS,
+         "items": {"anyOf": [{"type": "string"}, _TOKEN_IDS]}},
+    ]}),
+]  # fmt: skip
 
 
 class _Strict(BaseModel):
@@ -166,10 +197,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _closed(schema: dict[str, Any]) -> None:
+    """In the OpenAPI document: a field the model does not declare is refused (only the
+    accepted-without-effect ones pass, and they need no documenting)."""
+    schema["additionalProperties"] = False
+
+
 class _Request(BaseModel):
     """A request body. Extra fields are kept so that `unsupported()` can name them."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, json_schema_extra=_closed)
     REFUSED: ClassVar[dict[str, F.Refused]] = F.COMMON_REFUSED
 
     @model_validator(mode="before")

@@ -7,6 +7,12 @@ and KV pages.
 
 Every request gets an id of its own here; a client's id (`/generate`'s `rid`) is only a
 name for it, so a reused client id can never meet an older request's messages inside.
+
+No client is left without an answer: past `--request-timeout` a request ends with a
+'timeout' finish (and is aborted in the scheduler); when the engine goes down (a child
+process died, the watchdog found it hung) `engine_down` ends every request with an
+'error' finish; a request over the admission limit is refused before it is sent
+(`request_limits.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from sluice.runtime.entrypoints.request_limits import (
+    EngineDown,
+    Overloaded,
+    RequestLimits,
+    TooManyChoices,
+)
 from sluice.runtime.ipc.messages import (
     AbortReq,
     BatchStrOut,
@@ -65,6 +77,9 @@ class _ReqState:
     created: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     abort_requested: bool = False
+    admitted: bool = True  # counts towards the admission limit
+    ended: bool = False  # answered here (timeout, engine down): later updates are dropped
+    last: GenerateChunk | None = None  # the latest update, for the counts of an answer made here
 
 
 class TokenizerManager:
@@ -74,18 +89,24 @@ class TokenizerManager:
         served_model_name: str,
         ready: SchedulerReady,
         port_args: PortArgs,
+        limits: RequestLimits | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.served_model_name = served_model_name
         self.ready_info = ready
+        self.limits = limits or RequestLimits()
         self.context_len = ready.context_len
+        self.vocab_size = ready.vocab_size  # the model's: every token id must be below it
         self.features = frozenset(ready.features)
         self.is_ready = False
         self.draining = False
+        self.down: str | None = None  # why the engine is down (then nothing is served)
         self.stats = SchedulerStats(max_total_tokens=ready.max_total_tokens)
-        # when the last SchedulerStats arrived (monotonic): the scheduler's heartbeat, at
-        # least once a second while it runs its loop (scheduler/process.py StatsPublisher)
-        self.stats_received_at = time.monotonic()
+        # when the pipeline last sent anything (monotonic): the scheduler's heartbeat, its
+        # stats at least once a second while it runs its loop (scheduler/process.py)
+        self.heard_at = time.monotonic()
+        self._admitted = 0  # requests in flight that count towards the admission limit
+        self.processes: dict[str, int] = {}  # the engine's processes: name -> pid
         self._ctx = zmq.asyncio.Context()
         # sends never block (PUSH to a bound peer), so a plain socket keeps aborts
         # deliverable from `finally` blocks even while a task is being cancelled
@@ -106,8 +127,42 @@ class TokenizerManager:
         return len(self._states)
 
     def scheduler_stalled(self, timeout_s: float) -> bool:
-        """Requests are waiting on a scheduler that has been silent for over `timeout_s`."""
-        return self.num_inflight > 0 and time.monotonic() - self.stats_received_at > timeout_s
+        """Requests are waiting on a scheduler that has been silent for over `timeout_s`
+        (read by /health/live and by the watchdog)."""
+        return self.num_inflight > 0 and time.monotonic() - self.heard_at > timeout_s
+
+    def check_admission(self, n: int) -> None:
+        """Raise `Overloaded` if `n` more requests would exceed the admission limit, and
+        `TooManyChoices` if they never could (a retry would be refused again)."""
+        if self.down is not None:
+            raise EngineDown(f"the engine is down: {self.down}")
+        capacity = self.limits.capacity
+        if capacity and n > capacity:
+            raise TooManyChoices(
+                f"This request asks for {n} choices (prompts x n); the server admits at most "
+                f"{capacity} at once (--max-running-requests + --max-queued-requests)."
+            )
+        if capacity and self._admitted + n > capacity:
+            for listener in self.listeners:
+                if hasattr(listener, "on_reject"):
+                    listener.on_reject(n)
+            logger.info("request rejected reason=overloaded in-flight=%d limit=%d",
+                        self._admitted, capacity)  # fmt: skip
+            raise Overloaded(
+                f"The server is overloaded: {self._admitted} requests are running or queued "
+                f"(at most {capacity}: --max-running-requests + --max-queued-requests). "
+                "Retry later."
+            )
+
+    def engine_down(self, reason: str) -> None:
+        """The engine is gone: answer every request in flight with an error naming
+        `reason`, and refuse new ones."""
+        if self.down is not None:
+            return
+        self.down = reason
+        self.is_ready = False
+        for internal, state in list(self._states.items()):
+            self._end(internal, state, FinishReason("error", message=reason))
 
     def start(self) -> None:
         """Start receiving; call from inside the server's event loop."""
@@ -135,11 +190,25 @@ class TokenizerManager:
             "is_ready": self.is_ready,
             "draining": self.draining,
             "inflight_requests": self.num_inflight,
+            "engine_down": self.down,
+            "processes": self.processes,
         }
 
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, rid: str | None = None
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        rid: str | None = None,
+        admit: bool = True,
     ) -> AsyncIterator[GenerateChunk]:
+        """The request's updates, its finish last. Raises before its first update (so the
+        HTTP layer can still answer with a status): ValueError for a request that cannot be
+        served, `Overloaded` past the admission limit (unless `admit` is False: the
+        server's own requests), `EngineDown` once the engine is gone."""
+        if admit:
+            self.check_admission(1)
+        elif self.down is not None:
+            raise EngineDown(f"the engine is down: {self.down}")
         if rid is not None and rid in self._client_rids:
             raise ValueError(f"request id {rid} is already in flight")
         if not input_ids:
@@ -149,12 +218,19 @@ class TokenizerManager:
                 f"the prompt has {len(input_ids)} tokens; this model's context length is "
                 f"{self.context_len}"
             )
-        state = _ReqState()
+        state = _ReqState(admitted=admit)
         internal = uuid.uuid4().hex
         self._states[internal] = state
+        self._admitted += admit
         if rid is not None:
             self._client_rids[rid] = internal
         finished = False
+        timeout = self.limits.request_timeout_s
+        timer = (
+            asyncio.get_running_loop().call_later(timeout, self._expire, internal)
+            if timeout > 0
+            else None
+        )
         try:
             send(
                 self._to_scheduler,
@@ -167,7 +243,10 @@ class TokenizerManager:
                 if finished:
                     return
         finally:
+            if timer is not None:
+                timer.cancel()
             self._states.pop(internal, None)
+            self._admitted -= admit
             if rid is not None:
                 self._client_rids.pop(rid, None)
             if not finished:
@@ -200,40 +279,59 @@ class TokenizerManager:
             send(self._to_scheduler, AbortReq(internal))
         return rids
 
-    def fail_all(self, message: str) -> int:
-        """End every in-flight request with a server-side abort carrying `message` (the API
-        turns it into an error response or an error event); returns how many."""
-        for internal, state in list(self._states.items()):
-            chunk = GenerateChunk("", [], FinishReason("abort", message=message), 0, 0, 0, [])
-            for listener in self.listeners:
-                listener.on_chunk(internal, chunk, state)
-            state.queue.put_nowait(chunk)
-        return len(self._states)
-
     async def prefill_only(self, input_ids: list[int]) -> None:
         """Compute a prompt's KV into the prefix cache, generating nothing (n > 1: the
         choices then share it instead of each prefilling it)."""
         try:
-            async for _ in self.generate(input_ids, SamplingParams(max_new_tokens=0)):
+            async for _ in self.generate(input_ids, SamplingParams(max_new_tokens=0), admit=False):
                 pass
-        except ValueError:
+        except (ValueError, EngineDown):
             pass  # the request itself will be refused with the same reason
+
+    def _expire(self, internal: str) -> None:
+        """`--request-timeout` passed: abort the request in the scheduler (its pages are
+        freed) and answer its client."""
+        state = self._states.get(internal)
+        if state is None or state.ended:
+            return
+        timeout = self.limits.request_timeout_s
+        logger.info("request aborted rid=%s reason=timeout after=%gs", internal, timeout)
+        send(self._to_scheduler, AbortReq(internal))
+        message = f"The request did not finish within --request-timeout ({timeout:g} s)."
+        self._end(internal, state, FinishReason("timeout", message=message))
+
+    def _end(self, internal: str, state: _ReqState, reason: FinishReason) -> None:
+        """Finish a request here, without the scheduler."""
+        last = state.last
+        chunk = GenerateChunk(
+            text="",
+            token_ids=[],
+            finished=reason,
+            prompt_tokens=last.prompt_tokens if last else 0,
+            completion_tokens=last.completion_tokens if last else 0,
+            cached_tokens=last.cached_tokens if last else 0,
+            logprobs=[],
+        )
+        state.ended = True
+        for listener in self.listeners:
+            listener.on_chunk(internal, chunk, state)
+        state.queue.put_nowait(chunk)
 
     async def _receive_loop(self) -> None:
         while True:
             msg = await recv_async(self._from_detokenizer)
+            self.heard_at = time.monotonic()
             if isinstance(msg, BatchStrOut):
                 self._dispatch(msg)
             elif isinstance(msg, SchedulerStats):
                 self.stats = msg
-                self.stats_received_at = time.monotonic()
                 for listener in self.listeners:
                     listener.on_stats(msg)
 
     def _dispatch(self, out: BatchStrOut) -> None:
         for u in out.updates:
             state = self._states.get(u.rid)
-            if state is None:  # aborted: the client is gone
+            if state is None or state.ended:  # aborted (the client is gone) or answered here
                 continue
             finished = u.finished
             if state.abort_requested and finished is not None and finished.kind == "abort":
@@ -251,6 +349,7 @@ class TokenizerManager:
             )
             for listener in self.listeners:
                 listener.on_chunk(u.rid, chunk, state)
+            state.last = chunk
             state.queue.put_nowait(chunk)
 
     def close(self) -> None:

@@ -97,7 +97,10 @@ class AbortReq:
 @register
 @dataclass
 class FinishReason:
-    """Why a request ended: 'stop' (EOS, stop token or string), 'length', or 'abort'."""
+    """Why a request ended: 'stop' (EOS, stop token or string), 'length', 'abort' (the
+    client went away, /abort_request, or the scheduler could not serve it), 'error' (the
+    engine failed on the request's batch, or the engine is down: `message` names the cause;
+    the API answers 500), or 'timeout' (past `--request-timeout`; the API answers 408)."""
 
     kind: str
     matched_token: int | None = None
@@ -194,6 +197,8 @@ class SchedulerStats:
     cached_tokens: int = 0
     prefill_batches_total: int = 0  # ticks that prefilled something
     prefill_rows_total: int = 0  # requests (or chunks) those ticks prefilled
+    failed_batches_total: int = 0  # forwards that raised (their requests ended with 'error')
+    integrity_checks_total: int = 0  # pool integrity checks passed (each idle, after a fault)
     # seconds from arrival to first admission, one per request admitted since the last message
     queue_times: list[float] = field(default_factory=list)
 

@@ -76,6 +76,12 @@ class MetricsCollector:
         except Exception:
             logger.exception("metrics: cannot record an update of rid=%s", rid)
 
+    def on_reject(self, n: int) -> None:
+        try:
+            self.requests.on_reject(n)
+        except Exception:
+            logger.exception("metrics: cannot record a rejection")
+
     def on_abort(self, rid: str, state: Any) -> None:
         try:
             self.requests.on_abort(rid, state.created)

@@ -5,8 +5,11 @@ What each series counts:
 - `sluice_requests_total{status}`: every request that ended, once. `stop` and `length` are
   the scheduler's finish reasons; `abort` is a request whose client went away (or whose
   handler was cancelled) before it finished; `error` is a request the server ended without
-  completing it (the scheduler aborted it: KV pool exhausted, prompt too long for the
-  context, ...). Requests refused before they reach the scheduler (a 4xx) are not counted.
+  completing it (an engine fault on its batch, the engine going down, the scheduler
+  aborting it: KV pool exhausted, prompt too long for the context, ...); `timeout` one
+  past `--request-timeout`; `rejected` one refused at once by the admission limit
+  (`--max-queued-requests`, a 503). Other requests refused before they reach the
+  scheduler (a 4xx) are not counted.
 - `sluice_prompt_tokens_total` / `sluice_cached_tokens_total`: prompt tokens (and those
   served from the prefix cache) of each request, counted when its first token arrives.
 - `sluice_generation_tokens_total`: tokens generated, counted as they arrive.
@@ -31,7 +34,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from sluice.runtime import constants as C
 
-FINISHED_STATUSES = {"stop": "stop", "length": "length"}  # any other finish kind is an error
+# finish kind -> status; any other finish kind is an error
+FINISHED_STATUSES = {"stop": "stop", "length": "length", "timeout": "timeout"}
 
 
 @dataclass
@@ -54,7 +58,8 @@ class RequestMetrics:
 
         requests = Counter(
             C.METRIC_REQUESTS_TOTAL,
-            "Requests that ended, by status: stop, length, abort (client gone), error.",
+            "Requests that ended, by status: stop, length, abort (client gone), error, timeout, "
+            "rejected (admission limit).",
             [C.LABEL_MODEL, C.LABEL_STATUS],
             registry=registry,
         )
@@ -119,6 +124,10 @@ class RequestMetrics:
         now = time.monotonic() if now is None else now
         self._live.setdefault(rid, _Timing(created))
         self._end(rid, "abort", now)
+
+    def on_reject(self, n: int) -> None:
+        """`n` requests were refused at once by the admission limit."""
+        self.requests["rejected"].inc(n)
 
     def on_queue_times(self, seconds: list[float]) -> None:
         for s in seconds:

@@ -59,6 +59,8 @@ class Counters:
     generated_tokens: int = 0
     prefill_batches: int = 0  # ticks that prefilled something
     prefill_rows: int = 0  # requests (or chunks) those ticks prefilled
+    failed_batches: int = 0  # forwards that raised
+    integrity_checks: int = 0  # pool integrity checks passed
 
 
 def token_output(reqs: list[Req]) -> BatchTokenIDOut:

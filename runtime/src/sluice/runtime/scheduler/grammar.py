@@ -62,6 +62,9 @@ class GrammarQueue:
                 done.append(req)
             except GrammarError as err:
                 failed.append((req, FinishReason("abort", message=str(err))))
+            except Exception as err:  # the compiler itself failed: this request alone
+                reason = FinishReason("error", message=f"grammar compilation failed: {err!r}")
+                failed.append((req, reason))
         return done, failed
 
     def mask_for(self, reqs: Sequence[Req]) -> torch.Tensor | None:

@@ -27,6 +27,7 @@ from sluice.runtime.distributed.group import SINGLE_RANK, init_process_group
 from sluice.runtime.distributed.ticks import Tick, TickBroadcaster
 from sluice.runtime.distributed.topology import RankSpec
 from sluice.runtime.engine.executor import SyncExecutor, overlap_executor
+from sluice.runtime.engine.fault_injection import FaultPlan
 from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.ipc.messages import SchedulerStats
 from sluice.runtime.ipc.sockets import (
@@ -40,6 +41,7 @@ from sluice.runtime.ipc.sockets import (
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.request_slots import RequestSlots
 from sluice.runtime.scheduler.cache import KVCacheManager
+from sluice.runtime.scheduler.faults import answer_everyone
 from sluice.runtime.scheduler.hold_gate import HoldGate
 from sluice.runtime.scheduler.policy import PolicyConfig
 from sluice.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -78,6 +80,7 @@ def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
         random_seed=args.random_seed,
         mixed_chunk=not args.disable_mixed_chunk,
         max_prefill_streak=args.max_prefill_streak,
+        vocab_size=worker.model_config.vocab_size,
     )
     executor = SyncExecutor(worker) if args.disable_overlap_schedule else overlap_executor(worker)
     grammars = grammar_queue(
@@ -115,6 +118,7 @@ def run_scheduler_process(
             logger.info("%s: pid %d", name, os.getpid())
             tp = init_process_group(rank, args.resolved_device)
         worker = ModelWorker(args, model_path, tp)
+        worker.faults = FaultPlan.from_env()  # tests only
         scheduler = build_scheduler(args, worker)
         overlap = not args.disable_overlap_schedule
         if not tp.is_leader:
@@ -135,16 +139,20 @@ def run_scheduler_process(
             worker.context_len,
             f", tensor parallel over {tp.size} ranks" if tp.size > 1 else "",
         )
-        serve_forever(
-            scheduler,
-            inbox,
-            outbox,
-            parent,
-            overlap,
-            args.log_tick_timing,
-            HoldGate.from_env(),
-            TickBroadcaster(tp) if tp.size > 1 else None,
-        )
+        try:
+            serve_forever(
+                scheduler,
+                inbox,
+                outbox,
+                parent,
+                overlap,
+                args.log_tick_timing,
+                HoldGate.from_env(),
+                TickBroadcaster(tp) if tp.size > 1 else None,
+            )
+        except Exception as exc:  # the engine is down: answer every request, then exit 1
+            answer_everyone(scheduler, outbox, exc)
+            raise
     except Exception:
         logger.error("%s process crashed:\n%s", name, traceback.format_exc())
         try:

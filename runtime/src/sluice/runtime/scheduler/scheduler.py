@@ -18,6 +18,10 @@ batch N-1's result while N runs. A decode reads its input token from the worker'
 table, so the next batch can be launched before the host has seen the previous one's
 tokens. Retraction needs the host's view of every request: an overlap tick that must
 retract first waits for the in-flight batch.
+
+A forward that raises loses its batch, not the server (`faults.py`): the batch's requests
+end with an error, the in-flight forward is let finish, and the pool's books are checked
+before the next tick; what cannot be survived raises `EngineDead`.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sluice.runtime.engine.engine_faults import is_unrecoverable
 from sluice.runtime.engine.executor import Executor
 from sluice.runtime.engine.forward_input import ForwardOutput
 from sluice.runtime.ipc.messages import (
@@ -49,6 +54,12 @@ from sluice.runtime.scheduler.decode import (
     NeedSync,
     NewTokenRatio,
     Retraction,
+)
+from sluice.runtime.scheduler.faults import (
+    EngineDead,
+    batch_error,
+    out_of_vocab,
+    roll_back_uncomputed,
 )
 from sluice.runtime.scheduler.grammar import GrammarQueue, PendingMask, accept, pending_mask
 from sluice.runtime.scheduler.overlap import InFlight, Launched
@@ -75,6 +86,7 @@ class SchedulerConfig:
     mixed_chunk: bool = True
     max_prefill_streak: int = 4
     check_integrity_when_idle: bool = True
+    vocab_size: int = 0  # the model's; token ids outside it are refused (0: not checked)
 
 
 class Scheduler:
@@ -108,6 +120,7 @@ class Scheduler:
         self._queue_times: list[float] = []  # admitted since the last take_queue_times()
         self._prefill_streak = 0  # prefill-only ticks in a row while requests were decoding
         self._retracted: list[str] = []  # by this tick's schedule
+        self._faulted = False  # a batch was lost this tick: verify before the next one
 
     @property
     def ratio(self) -> NewTokenRatio:
@@ -129,7 +142,13 @@ class Scheduler:
 
     def handle(self, msg: object) -> None:
         if isinstance(msg, TokenizedGenerateReq):
-            self.add_request(msg)
+            known = self._requests.get(msg.rid)
+            try:
+                self.add_request(msg)
+            except Exception as exc:  # one request that cannot be added fails alone
+                logger.exception("request rejected rid=%s", msg.rid)
+                reason = FinishReason("error", message=f"cannot schedule the request: {exc!r}")
+                self._refuse(msg, known, reason)
         elif isinstance(msg, AbortReq):
             self.abort(msg.rid)
         elif isinstance(msg, StopReq):
@@ -150,6 +169,7 @@ class Scheduler:
             generator=torch.Generator().manual_seed(seed),
         )
         room = self.config.context_len - len(req.input_ids)
+        vocab = self.config.vocab_size
         problem = ""
         if msg.rid in self._requests:
             problem = f"duplicate request id {msg.rid}"
@@ -158,6 +178,8 @@ class Scheduler:
                 f"prompt of {len(req.input_ids)} tokens does not fit the context length "
                 f"{self.config.context_len}"
             )
+        elif (bad := out_of_vocab(req.input_ids + sp.stop_token_ids, vocab)) is not None:
+            problem = f"token id {bad} is outside the model's vocabulary [0, {vocab})"
         if problem:
             req.finish(FinishReason("abort", message=problem))
             logger.info("request rejected rid=%s reason=%s", req.rid, problem)
@@ -172,6 +194,16 @@ class Scheduler:
             self.grammars.add(req)  # admitted once its grammar has compiled
         else:
             self.prefill.add(req)
+
+    def _refuse(self, msg: TokenizedGenerateReq, known: Req | None, reason: FinishReason) -> None:
+        """End a request whose `add_request` raised (`known`: who held its rid before)."""
+        req = self._requests.get(msg.rid)
+        if req is not None and req is not known:
+            self._finish(req, reason)
+            return
+        refused = Req(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling)
+        refused.finish(reason)
+        self._outbox.append(refused)
 
     def abort(self, rid: str) -> None:
         req = self._requests.get(rid)
@@ -191,6 +223,7 @@ class Scheduler:
         self._launch(batch)
         self.timing.add(schedule=t1 - t0, launch=time.perf_counter() - t1)
         self._complete(self.inflight.take())
+        self._verify_after_fault()
         return self._tick_result(batch)
 
     def step_overlap(self) -> TickResult | None:
@@ -207,6 +240,7 @@ class Scheduler:
         t2 = time.perf_counter()
         self._complete(previous)
         self._fill_mask()
+        self._verify_after_fault()
         if not isinstance(batch, ScheduledBatch):
             if previous is None:
                 self.on_idle()
@@ -351,11 +385,46 @@ class Scheduler:
         if launched is None:
             return
         t0 = time.perf_counter()
-        out = launched.result.result()
+        try:
+            out = launched.result.result()
+        except Exception as exc:
+            self._fail_batch(launched.batch, exc)
+            return
         t1 = time.perf_counter()
         self._process_result(launched.batch, out)
         self.timing.add(wait=t1 - t0, forward=out.forward_seconds, process=time.perf_counter() - t1)
         self.inflight.release_unused(self.cache)
+
+    def _fail_batch(self, batch: ScheduledBatch, exc: Exception) -> None:
+        """The forward of `batch` raised: its requests end with an error naming the cause,
+        and the KV it was writing is dropped."""
+        rids = [r.rid for r in batch.reqs]
+        logger.error("forward failed: %d requests end with an error rids=%s", len(rids), rids,
+                     exc_info=exc)  # fmt: skip
+        self.counters.failed_batches += 1
+        roll_back_uncomputed(batch)
+        reason = batch_error(exc)
+        for req in batch.reqs:
+            if not req.is_finished:
+                self._finish(req, reason)
+        self.inflight.release_unused(self.cache)
+        if is_unrecoverable(exc):
+            raise EngineDead(f"unrecoverable engine fault: {type(exc).__name__}: {exc}") from exc
+        self._faulted = True
+
+    def _verify_after_fault(self) -> None:
+        """After a lost batch: let the in-flight forward finish (it may fail too), then
+        check the pool's books; if they do not balance the engine is unusable."""
+        if not self._faulted:
+            return
+        while self._faulted:
+            self._faulted = False
+            self._complete(self.inflight.take())
+        try:
+            self.check_integrity()
+        except AssertionError as err:
+            raise EngineDead(f"KV pool integrity check failed after a fault: {err}") from err
+        logger.info("pool integrity verified after the fault; serving on")
 
     def _process_result(self, batch: ScheduledBatch, out: ForwardOutput) -> None:
         tops = out.top_logprobs or [None] * len(out.token_ids)
@@ -428,6 +497,8 @@ class Scheduler:
             cached_tokens=self.cache.cached_size,
             prefill_batches_total=c.prefill_batches,
             prefill_rows_total=c.prefill_rows,
+            failed_batches_total=c.failed_batches,
+            integrity_checks_total=c.integrity_checks,
         )
 
     def take_queue_times(self) -> list[float]:
@@ -439,6 +510,15 @@ class Scheduler:
     def check_integrity(self) -> None:
         self.executor.wait_idle()  # the device tables are compared too
         self.cache.check_integrity(self.live_requests(), self.executor.worker.device_row)
+        self.counters.integrity_checks += 1
+
+    def fail_all(self, reason: FinishReason) -> None:
+        """The engine is going down: end every request (nothing will run again, so their
+        pages are not given back)."""
+        for req in self._requests.values():
+            req.finish(reason)
+            self._outbox.append(req)
+        self._requests.clear()
 
     def on_idle(self) -> None:
         """With nothing left to run: reset new_token_ratio and check the books."""

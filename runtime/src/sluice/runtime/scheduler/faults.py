@@ -1,0 +1,68 @@
+"""Per-batch fault isolation: what the scheduler does when a forward fails, and when the
+engine cannot go on.
+
+A forward (model or sampling) that raises loses one batch, not the server: that batch's
+requests end with an 'error' finish naming the cause (the API answers 500), the KV the
+forward was writing is dropped (it never reaches the prefix cache), the in-flight forward
+is let finish and the pool's books are checked. A fault that leaves the engine unusable
+(`engine_faults.is_unrecoverable`: a CUDA error), an integrity check that fails, or any
+exception in the scheduler's own bookkeeping raises `EngineDead`: the process answers
+every request it holds and exits non-zero, and the server goes down with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import zmq
+
+from sluice.runtime.ipc.messages import FinishReason
+from sluice.runtime.ipc.sockets import send
+from sluice.runtime.scheduler.batch import ScheduledBatch
+
+logger = logging.getLogger("sluice.scheduler")
+
+FLUSH_LINGER_MS = 2000  # how long the last answers may take to leave a dying scheduler
+
+
+class EngineDead(RuntimeError):
+    """The engine cannot serve any more requests."""
+
+
+def batch_error(exc: BaseException) -> FinishReason:
+    return FinishReason(
+        "error", message=f"the engine failed on this request's batch: {type(exc).__name__}: {exc}"
+    )
+
+
+def roll_back_uncomputed(batch: ScheduledBatch) -> None:
+    """A failed forward's KV is garbage: each of its requests keeps only the positions
+    earlier forwards computed, so releasing it caches nothing the failed one wrote."""
+    for req, start in zip(batch.reqs, batch.starts, strict=True):
+        req.kv_len = min(req.kv_len, start)
+
+
+def out_of_vocab(ids: list[int], vocab_size: int) -> int | None:
+    """The first id outside [0, vocab_size), if any (vocab_size 0: not checked)."""
+    if vocab_size <= 0:
+        return None
+    return next((t for t in ids if not 0 <= t < vocab_size), None)
+
+
+def answer_everyone(scheduler: Any, outbox: zmq.Socket, exc: BaseException) -> None:
+    """The engine is going down: end every request the scheduler holds with an error
+    naming `exc`, and send those answers before the process exits."""
+    reason = FinishReason(
+        "error", message=f"the engine failed and the server is shutting down: {exc}"
+    )
+    try:
+        scheduler.fail_all(reason)
+        out = scheduler.take_output()
+        if out is not None:
+            outbox.setsockopt(zmq.LINGER, FLUSH_LINGER_MS)
+            send(outbox, out)
+            outbox.close()
+    except Exception:  # the API server answers whoever is left when this process exits
+        logger.exception("could not answer the requests before exiting")
+
