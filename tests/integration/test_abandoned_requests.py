@@ -4,8 +4,8 @@ abandoned mid-stream, all end with zero running, zero queued and the KV pool all
 (the server's own books: `free_tokens == max_total_tokens`, checked by the scheduler's
 integrity check each time it goes idle).
 
-The first two hold the streams open by construction (the hold gate freezes the scheduler
-once every stream has its first token); the soak is a load test, marked slow.
+The first two hold the streams open by construction (the hold gate admits them at one tick
+and freezes the scheduler once every stream has its first token); the soak is a load test, marked slow.
 """
 
 from __future__ import annotations
@@ -49,17 +49,30 @@ def assert_books_balance(srv) -> dict:
     return stats
 
 
+def admit_together(srv, hold, n: int) -> None:
+    """Once the `n` requests sent during `hold.pause()` are all queued in the scheduler, arm
+    the gate for their first tokens and let the scheduler run: they are admitted in one
+    tick, so none can finish (or be left by its client) before the others run."""
+    wait_for(lambda: srv.info()["scheduler_stats"]["queue_requests"] == n, timeout=60)
+    hold.arm(1, n)
+    hold.resume()
+
+
 def test_streams_whose_clients_disconnect_give_their_pages_back(tiny_llama_path, tmp_path):
     hold, env = hold_env(tmp_path / "hold")
     with serve(tiny_llama_path, tmp_path / "server.log", env=env) as srv:
-        hold.arm(1, STREAMS)
+        hold.pause()
 
         async def leave_all() -> list[int]:
             async with httpx.AsyncClient(timeout=60) as client:
-                return list(await asyncio.gather(*(
-                    first_event_then_leave(client, srv.url, generate([5 + i, 6, 7], 400))
+                leaving = [
+                    asyncio.ensure_future(
+                        first_event_then_leave(client, srv.url, generate([5 + i, 6, 7], 400))
+                    )
                     for i in range(STREAMS)
-                )))  # fmt: skip
+                ]
+                await asyncio.to_thread(admit_together, srv, hold, STREAMS)
+                return list(await asyncio.gather(*leaving))
 
         codes = asyncio.run(leave_all())
         held = hold.wait_held()
@@ -78,7 +91,7 @@ def test_an_abort_storm_ends_every_stream_in_band_and_frees_the_pool(tiny_llama_
     hold, env = hold_env(tmp_path / "hold")
     n = 2 * STREAMS
     with serve(tiny_llama_path, tmp_path / "server.log", env=env) as srv:
-        hold.arm(1, n)
+        hold.pause()
 
         async def storm() -> tuple[list[StreamOutcome], list[str]]:
             async with httpx.AsyncClient(timeout=60) as client:
@@ -90,6 +103,7 @@ def test_an_abort_storm_ends_every_stream_in_band_and_frees_the_pool(tiny_llama_
                     )  # fmt: skip
                     for i in range(n)
                 ]
+                await asyncio.to_thread(admit_together, srv, hold, n)
                 await asyncio.to_thread(hold.wait_held)
                 # one abort_all and one abort per request, all at once, while frozen
                 aborts = await asyncio.gather(

