@@ -1,0 +1,206 @@
+"""Measuring the real engine for `sluice calibrate`: the real `Scheduler` over the real
+`ModelWorker`, fed request patterns that produce the batch shapes a server sees (decode
+batches of every size and context, prefills of every length, cached prefixes, mixed
+decode + prefill chunks), with every tick timed, in the loop it runs in.
+
+A tick gives up to three measurements (`TickPoint`): the forward of a batch (the worker's
+own `forward_seconds`: table writes, model, sampling), the host work before its launch
+(choosing the batch, building the `ForwardInput`) and the host work on its result
+(processing, taking the output and the stats, as `serve_forever` does each iteration).
+In the overlap loop a tick launches batch N and processes batch N-1, so its measurements
+belong to two batches; they are attributed to the batch they are about.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
+from sluice.runtime.engine.model_worker import ModelWorker
+from sluice.runtime.ipc.messages import SamplingParams, TokenizedGenerateReq
+from sluice.runtime.scheduler.scheduler import Scheduler
+from sluice.runtime.sim.features import BatchFeatures
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    prompt_len: int
+    max_new_tokens: int
+    prefix_group: int | None = None  # requests of one group share a prompt prefix
+    prefix_len: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Requests injected before given ticks (tick 0: before the first)."""
+
+    name: str
+    arrivals: tuple[tuple[int, tuple[ProfileRequest, ...]], ...]
+
+
+@dataclass(frozen=True)
+class TickPoint:
+    loop: str
+    scenario: str
+    kind: str  # "forward" | "host_schedule" | "host_process"
+    features: BatchFeatures
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"loop": self.loop, "scenario": self.scenario, "kind": self.kind,
+                "seconds": self.seconds, **self.features.to_dict()}  # fmt: skip
+
+
+def scenarios(max_rows: int, context_len: int, scale: float = 1.0) -> list[Scenario]:
+    """The calibration's request patterns, sized to the engine (`max_rows` request slots,
+    `context_len` longest sequence) and scaled by `scale` (lengths and batch sizes)."""
+
+    def n(x: float) -> int:
+        return max(1, int(round(x * scale)))
+
+    def fits(prompt: int, out: int) -> int:
+        return max(1, min(prompt, context_len - out - 1))
+
+    out: list[Scenario] = []
+    batches = sorted({min(b, max_rows) for b in (1, 2, 4, 8, 16, 24, 32, 48, 64)})
+    for b in batches:  # decode at every batch size, short context
+        out.append(Scenario(f"decode-b{b}", ((0, tuple(ProfileRequest(fits(n(24), 8), 8) for _ in range(b))),)))
+    for b, c in ((1, 1536), (2, 768), (4, 640), (8, 384), (16, 256), (32, 160), (64, 96)):
+        if b <= max_rows:  # decode over longer contexts
+            out.append(Scenario(f"context-b{b}-c{c}", ((0, tuple(ProfileRequest(fits(n(c), 6), 6) for _ in range(b))),)))
+    for p in (8, 32, 96, 200, 384, 640, 1024, 1536, 2048):  # prefill alone
+        out.append(Scenario(f"prefill-{p}", ((0, (ProfileRequest(fits(n(p), 2), 2),)),)))
+    for k, s in ((384, 48), (1024, 96), (1536, 384)):  # a cached prefix, then its extension
+        first = ProfileRequest(fits(n(k) + 16, 2), 2, prefix_group=k, prefix_len=n(k))
+        second = ProfileRequest(fits(n(k) + n(s), 2), 2, prefix_group=k, prefix_len=n(k))
+        out.append(Scenario(f"cached-{k}+{s}", ((0, (first,)), (4, (second,)))))
+    for b, p in ((4, 96), (16, 384), (32, 1024), (8, 2048)):  # decode rows + a prefill chunk
+        b = min(b, max_rows - 1)
+        if b < 1:
+            continue
+        running = tuple(ProfileRequest(fits(n(32), 12), 12) for _ in range(b))
+        out.append(Scenario(f"mixed-b{b}-p{p}", ((0, running), (3, (ProfileRequest(fits(n(p), 4), 4),)))))
+    return out
+
+
+def warmup_scenario(max_rows: int) -> Scenario:
+    """Shapes the engine sees first pay one-time costs (kernel and GEMM set-up); run before
+    anything is recorded."""
+    reqs = tuple(ProfileRequest(48, 6) for _ in range(min(8, max_rows)))
+    return Scenario("warmup", ((0, reqs), (2, (ProfileRequest(300, 3),))))
+
+
+class RecordingExecutor:
+    """The scheduler's executor, remembering each submitted batch's features."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.worker = inner.worker
+        self.submitted: deque[tuple[BatchFeatures, Future[ForwardOutput]]] = deque()
+
+    def submit(self, fi: ForwardInput) -> Future[ForwardOutput]:
+        fut = self.inner.submit(fi)
+        self.submitted.append((BatchFeatures.of(fi), fut))
+        return fut
+
+    def wait_idle(self) -> None:
+        self.inner.wait_idle()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@dataclass
+class Profiler:
+    scheduler: Scheduler
+    worker: ModelWorker
+    overlap: bool
+    seed: int = 0
+    points: list[TickPoint] = field(default_factory=list)
+    ticks: int = 0
+
+    def __post_init__(self) -> None:
+        self.recorder = RecordingExecutor(self.scheduler.executor)
+        self.scheduler.executor = self.recorder  # type: ignore[assignment]
+        self._rng = random.Random(self.seed)
+        self._prefixes: dict[int, list[int]] = {}
+        self._n = 0
+        vocab = self.worker.model_config.vocab_size
+        eos = set(self.worker.eos_token_ids)
+        self._ids = [i for i in range(min(vocab, 32000)) if i not in eos and i > 3]
+
+    @property
+    def loop(self) -> str:
+        return "overlap" if self.overlap else "normal"
+
+    def _tokens(self, n: int) -> list[int]:
+        return [self._rng.choice(self._ids) for _ in range(n)]
+
+    def _submit(self, r: ProfileRequest) -> None:
+        ids: list[int] = []
+        if r.prefix_group is not None:
+            prefix = self._prefixes.setdefault(r.prefix_group, self._tokens(r.prefix_len))
+            ids = prefix[: r.prompt_len]
+        ids += self._tokens(r.prompt_len - len(ids))
+        params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=0.0, ignore_eos=True)
+        self._n += 1
+        self.scheduler.handle(TokenizedGenerateReq(f"cal-{self._n}", ids, params, time.time()))
+
+    def run(self, scenario: Scenario, record: bool = True) -> None:
+        self.scheduler.cache.flush()  # no prefix cached from an earlier scenario
+        pending = dict(scenario.arrivals)
+        tick = 0
+        while pending or self.scheduler.has_work:
+            for r in pending.pop(tick, ()):
+                self._submit(r)
+            if not self.scheduler.has_work:
+                tick += 1
+                continue
+            self._tick(scenario.name if record else None)
+            tick += 1
+        self.scheduler.on_idle()
+
+    def _tick(self, scenario: str | None) -> None:
+        s = self.scheduler
+        s.timing.take()
+        result = s.step_overlap() if self.overlap else s.step()
+        t0 = time.perf_counter()
+        s.take_output()
+        s.stats()
+        s.take_queue_times()
+        post = time.perf_counter() - t0
+        timing = s.timing.take()
+        self.ticks += 1
+        in_flight = s.inflight.launched.result if s.inflight.launched is not None else None
+        processed: list[tuple[BatchFeatures, Future[ForwardOutput]]] = []
+        launched: tuple[BatchFeatures, Future[ForwardOutput]] | None = None
+        while self.recorder.submitted and self.recorder.submitted[0][1] is not in_flight:
+            processed.append(self.recorder.submitted.popleft())
+        if result is not None:
+            launched = processed[-1] if not self.overlap else (
+                self.recorder.submitted[0] if self.recorder.submitted else None
+            )
+        if scenario is None:
+            return
+        if launched is not None:
+            host = timing.schedule + timing.launch
+            if not self.overlap:
+                host -= timing.forward  # the normal loop's launch ran the forward
+            self.points.append(TickPoint(self.loop, scenario, "host_schedule", launched[0], host))
+        for features, fut in processed:
+            out = fut.result()
+            self.points.append(TickPoint(self.loop, scenario, "forward", features, out.forward_seconds))
+        if processed:
+            process = (timing.process + post) / len(processed)
+            for features, _ in processed:
+                self.points.append(TickPoint(self.loop, scenario, "host_process", features, process))
+
+
+def iter_kind(points: list[TickPoint], loop: str, kind: str) -> Iterator[TickPoint]:
+    return (p for p in points if p.loop == loop and p.kind == kind)
