@@ -24,6 +24,13 @@ def add_subcommands(sub: Any) -> None:
         help="run bench_serving's workload through the real scheduler on a virtual clock",
     )  # fmt: skip
     simulate.add_parser_args(p)
+    from sluice.runtime.sim.plan import command as plan
+
+    p = sub.add_parser(
+        "plan", allow_abbrev=False,
+        help="simulate replicas under autoscaling policies over a traffic trace",
+    )  # fmt: skip
+    plan.add_parser_args(p)
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -35,4 +42,8 @@ def run(ns: argparse.Namespace) -> int:
         from sluice.runtime.sim import simulate
 
         return simulate.main(ns)
+    if ns.command == "plan":
+        from sluice.runtime.sim.plan import command as plan
+
+        return plan.main(ns)
     raise ValueError(f"unknown command {ns.command}")

@@ -59,7 +59,11 @@ class TickPoint:
 
 def scenarios(max_rows: int, context_len: int, scale: float = 1.0) -> list[Scenario]:
     """The calibration's request patterns, sized to the engine (`max_rows` request slots,
-    `context_len` longest sequence) and scaled by `scale` (lengths and batch sizes)."""
+    `context_len` longest sequence) and scaled by `scale` (prompt lengths).
+
+    Long decode contexts come from a shared prefix: one request computes it, the others
+    find it in the radix cache and prefill only their own few tokens, so a batch of 64
+    requests over 400-token contexts costs one 400-token prefill, not 64."""
 
     def n(x: float) -> int:
         return max(1, int(round(x * scale)))
@@ -67,25 +71,32 @@ def scenarios(max_rows: int, context_len: int, scale: float = 1.0) -> list[Scena
     def fits(prompt: int, out: int) -> int:
         return max(1, min(prompt, context_len - out - 1))
 
+    def same(count: int, prompt: int, out: int, group: int | None = None, prefix: int = 0) -> tuple[ProfileRequest, ...]:
+        return tuple(ProfileRequest(fits(prompt, out), out, group, prefix) for _ in range(count))
+
     out: list[Scenario] = []
-    batches = sorted({min(b, max_rows) for b in (1, 2, 4, 8, 16, 24, 32, 48, 64)})
-    for b in batches:  # decode at every batch size, short context
-        out.append(Scenario(f"decode-b{b}", ((0, tuple(ProfileRequest(fits(n(24), 8), 8) for _ in range(b))),)))
-    for b, c in ((1, 1536), (2, 768), (4, 640), (8, 384), (16, 256), (32, 160), (64, 96)):
-        if b <= max_rows:  # decode over longer contexts
-            out.append(Scenario(f"context-b{b}-c{c}", ((0, tuple(ProfileRequest(fits(n(c), 6), 6) for _ in range(b))),)))
-    for p in (8, 32, 96, 200, 384, 640, 1024, 1536, 2048):  # prefill alone
-        out.append(Scenario(f"prefill-{p}", ((0, (ProfileRequest(fits(n(p), 2), 2),)),)))
-    for k, s in ((384, 48), (1024, 96), (1536, 384)):  # a cached prefix, then its extension
-        first = ProfileRequest(fits(n(k) + 16, 2), 2, prefix_group=k, prefix_len=n(k))
-        second = ProfileRequest(fits(n(k) + n(s), 2), 2, prefix_group=k, prefix_len=n(k))
-        out.append(Scenario(f"cached-{k}+{s}", ((0, (first,)), (4, (second,)))))
-    for b, p in ((4, 96), (16, 384), (32, 1024), (8, 2048)):  # decode rows + a prefill chunk
+    batches = sorted({min(b, max_rows) for b in (1, 2, 4, 8, 16, 32, 48, 64)})
+    for b in batches:  # decode at every batch size, short contexts
+        out.append(Scenario(f"decode-b{b}", ((0, same(b, n(24), 8)),)))
+    for b, c in ((8, 1024), (16, 640), (32, 512), (64, 384)):  # decode over long contexts
+        b = min(b, max_rows)
+        k = min(n(c), context_len // 2)
+        out.append(Scenario(f"context-b{b}-c{k}", (
+            (0, same(1, k + 8, 2, group=c, prefix=k)),
+            (3, same(b, k + 8, 6, group=c, prefix=k)),
+        )))  # fmt: skip
+    for p in (16, 64, 160, 320, 640, 1024):  # a prefill alone, then its decode
+        out.append(Scenario(f"prefill-{p}", ((0, same(1, n(p), 2)),)))
+    out.append(Scenario("prefill-8x160", ((0, same(min(8, max_rows), n(160), 2)),)))
+    for k, s in ((256, 64), (768, 256)):  # a cached prefix, then its extension
+        out.append(Scenario(f"cached-{k}+{s}", (
+            (0, same(1, n(k) + 16, 2, group=1000 + k, prefix=n(k))),
+            (3, same(1, n(k) + n(s), 2, group=1000 + k, prefix=n(k))),
+        )))  # fmt: skip
+    for b, p in ((8, 160), (32, 512), (16, 1024)):  # decode rows + a prefill chunk
         b = min(b, max_rows - 1)
-        if b < 1:
-            continue
-        running = tuple(ProfileRequest(fits(n(32), 12), 12) for _ in range(b))
-        out.append(Scenario(f"mixed-b{b}-p{p}", ((0, running), (3, (ProfileRequest(fits(n(p), 4), 4),)))))
+        if b >= 1:
+            out.append(Scenario(f"mixed-b{b}-p{p}", ((0, same(b, n(24), 10)), (3, same(1, n(p), 4)))))
     return out
 
 
