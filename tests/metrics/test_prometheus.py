@@ -29,6 +29,7 @@ import yaml
 from metrics_testkit import (
     ALERTS,
     MODEL,
+    SATURATION,
     BackgroundLoad,
     adapter_queries,
     alert_queries,
@@ -36,7 +37,9 @@ from metrics_testkit import (
     dashboard_queries,
     dashboard_variable_queries,
     eventually,
+    recording_queries,
     run_load,
+    saturation_rules,
     substitute,
 )
 from server_process import free_port  # noqa: E402
@@ -109,7 +112,7 @@ def prometheus(
         "global": {
             "scrape_interval": "250ms", "evaluation_interval": "1s", "scrape_timeout": "250ms",
         },
-        "rule_files": [str(ALERTS)],
+        "rule_files": [str(ALERTS), str(SATURATION)],
         "scrape_configs": [
             {
                 "job_name": "sluice",
@@ -225,8 +228,11 @@ def evaluated(prometheus, runtime, burst_seen) -> dict[str, Any]:
     retracted, with Prometheus holding a few seconds of samples."""
     queries = (
         dashboard_queries() + dashboard_variable_queries() + alert_queries() + adapter_queries()
+        + recording_queries()
     )
     sel = f'{{namespace="{NAMESPACE}",pod="{POD}"}}'
+    # the saturation rules run every 15 s: wait for their first evaluation
+    eventually(lambda: not math.isnan(_value(prometheus.query(C.SATURATION_RECORDED_METRIC))), timeout=60)
     with BackgroundLoad(runtime.url, steady_request, concurrency=3) as load:
         eventually(lambda: load.done >= 3, timeout=120)
         eventually(
@@ -264,14 +270,17 @@ def test_every_expression_parses_and_evaluates(evaluated):
         if answer.get("status") != "success"
     }
     assert not failed, failed
-    assert len(evaluated) == len(dashboard_queries()) + 2 + len(alert_queries()) + 4
+    assert len(evaluated) == (
+        len(dashboard_queries()) + 2 + len(alert_queries()) + 6 + len(recording_queries())
+    )
 
 
 def test_dashboard_and_adapter_queries_return_data(evaluated):
     empty = [
         f"{source}: {expr}"
         for source, (q, expr, answer) in evaluated.items()
-        if q.kind in ("dashboard", "variable", "adapter") and not _results(answer)
+        if q.kind in ("dashboard", "variable", "adapter", "adapter-external", "recording")
+        and not _results(answer)
     ]
     assert not empty, "\n".join(empty)
 
@@ -286,6 +295,13 @@ def test_adapter_queries_give_one_value_per_pod(evaluated):
         assert 0 <= value, source
         if q.metric == C.HPA_METRIC_KV_TOKEN_USAGE:
             assert value <= 1
+
+
+def test_the_saturation_metric_is_one_count_for_the_runtimes_service(evaluated):
+    (q, _, answer) = next(v for s, v in evaluated.items() if s.startswith("adapter-external metricsQuery"))
+    (series,) = _results(answer)
+    assert series["metric"] == {"namespace": NAMESPACE, C.SATURATION_SERVICE_LABEL: DEPLOYMENT}
+    assert float(series["value"][1]) in (1.0, 2.0)  # one pod: hold, or one more when saturated
 
 
 def test_load_shows_in_the_core_panels(prometheus, burst_seen, evaluated):
@@ -319,8 +335,9 @@ def test_alert_rules_load_and_evaluate_without_error(prometheus, evaluated):
         found = [r for g in groups for r in g["rules"]]
         return found if found and all(r["health"] != "unknown" for r in found) else []
 
-    found = eventually(evaluated_rules, timeout=30)
-    assert {r["name"] for r in found} == {r["alert"] for r in alert_rules()}
+    found = eventually(evaluated_rules, timeout=60)
+    assert {r["name"] for r in found if r["type"] == "alerting"} == {r["alert"] for r in alert_rules()}
+    assert {r["name"] for r in found if r["type"] == "recording"} == {r["record"] for r in saturation_rules()}
     unhealthy = {r["name"]: r.get("lastError") for r in found if r["health"] != "ok"}
     assert not unhealthy, unhealthy
 

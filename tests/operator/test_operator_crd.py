@@ -139,8 +139,10 @@ def test_bounds_match_the_operator(crd):
         },
         {"model": {"source": "bundled://smollm2-135m"}, "resources": {"gpus": 2}},
         {"model": {"source": "bundled://smollm2-135m"}, "networkPolicy": {"enabled": True}},
+        {"model": {"source": "bundled://smollm2-135m"}, "autoscaling": {"enabled": True, "policy": "saturation"}},
     ],
-    ids=["bundled", "hf", "pvc", "autoscaling", "behavior", "gpus-without-tp", "network-policy"],
+    ids=["bundled", "hf", "pvc", "autoscaling", "behavior", "gpus-without-tp", "network-policy",
+         "saturation"],
 )
 def test_crd_defaults_agree_with_the_operator_defaults(crd_validator, spec):
     obj = isvc_object()

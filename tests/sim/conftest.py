@@ -17,6 +17,7 @@ from sluice.runtime.scheduler.scheduler import Scheduler
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.sim.calibration import Calibration, ModelFacts, Startup
 from sluice.runtime.sim.cost_model import LinearCost, LoopCost, StepCostModel
+from sluice.runtime.sim.server_flags import cost_flag_values
 
 TINY_DEFAULTS = {"device": "cpu", "dtype": "float32", "max_total_tokens": 4096, "max_running_requests": 8}
 
@@ -49,7 +50,7 @@ def synthetic_calibration(
         attention_backend=worker.attention_backend_name,
         torch_threads=1,
     )
-    return Calibration(facts, {"dtype": "float32"}, worker.pool.total_tokens,
+    return Calibration(facts, cost_flag_values(worker.args), worker.pool.total_tokens,
                        StepCostModel({"normal": loop, "overlap": loop}), Startup(1.0, 2.0, 0.5))  # fmt: skip
 
 

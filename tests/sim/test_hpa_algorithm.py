@@ -200,9 +200,8 @@ def test_a_60_second_window_scales_down_a_minute_after_the_last_high_recommendat
 def test_default_scale_up_adds_the_larger_of_4_pods_and_100_percent_per_15_seconds():
     hpa = HorizontalController(1, 100, Behavior())
     replicas, seen = 1, []
-    for t in (0, 15, 30, 45, 60):
-        desired = 40  # whatever the metric: it asks for 40
-        replicas = hpa.reconcile(t, replicas, replicas, [lambda s, st: desired])
+    for t in (0, 15, 30, 45, 60):  # the metric asks for 40 throughout
+        replicas = hpa.reconcile(t, replicas, replicas, [lambda s, st: 40])
         seen.append(replicas)
     assert seen == [5, 10, 20, 40, 40]  # 1+4, then doubling
 
