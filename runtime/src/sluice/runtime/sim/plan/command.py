@@ -2,7 +2,7 @@
 what cost in replica-hours.
 
     sluice plan --calibration calibration.json [--trace-file rates.txt | --traffic bursty]
-        [--policy hpa:queueDepth=8 --policy saturation --policy cpu:80 --policy static:4]
+        [--policy hpa:queueDepth=8 saturation cpu:80 static:4]
         [--ttft-slo 2 --itl-slo 0.25] [sluice serve's scheduling flags] --output-file plan.json
 
 Every policy replays the same requests (same seed: same arrivals, prompts and lengths).

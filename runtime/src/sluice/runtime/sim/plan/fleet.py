@@ -188,11 +188,14 @@ class Fleet:
                 pod.done += 1
             pod.worker.in_flight = pod.sent - pod.done
             if pod.deleting_since is not None:
-                drained = pod.replica.idle and not pod.pending_finishes
-                if drained or t >= pod.deleting_since + self.timings.drain_timeout_s:
-                    pod.gone_at = min(t, max(pod.replica.clock.now, pod.deleting_since))
+                deadline = pod.deleting_since + self.timings.drain_timeout_s
+                last = max((tr.finished_at or 0.0 for tr in pod.replica.traces.values()), default=0.0)
+                if pod.replica.idle and not pod.pending_finishes and last <= deadline:
+                    pod.gone_at = max(pod.deleting_since, last)  # drained: it exits
+                elif t >= deadline:
+                    pod.gone_at = deadline  # killed at the end of its grace period
                     for rid, tr in pod.replica.traces.items():
-                        if tr.finished_at is None:
+                        if tr.finished_at is None or tr.finished_at > deadline:
                             self.failed.append(rid)
 
     def _route(self, t: float, req: PlannedRequest, rid: str) -> None:

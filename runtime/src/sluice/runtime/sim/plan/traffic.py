@@ -69,10 +69,12 @@ class RateTrace:
     def bursty(cls, minutes: int, base: float, burst: float, burst_minutes: int, bursts: int,
                seed: int) -> RateTrace:  # fmt: skip
         """`base` with `bursts` bursts of `burst` req/s, each `burst_minutes` long, at
-        random non-overlapping starts (the first minute and the last ten stay at base)."""
+        random non-overlapping starts (the first minute and the last quarter, at most ten
+        minutes, stay at base: a scale-down after the last burst is part of the trace)."""
         rates = [base] * minutes
         rng = np.random.default_rng([seed, 5])
-        free = list(range(1, max(1, minutes - burst_minutes - 10)))
+        tail = min(10, max(1, minutes // 4))
+        free = list(range(1, max(1, minutes - burst_minutes - tail + 1)))
         placed = 0
         while placed < bursts and free:
             start = int(rng.choice(free))
