@@ -274,7 +274,7 @@ class BackgroundLoad:
 class Query:
     source: str  # where it is written, for messages
     expr: str  # as written in the asset, placeholders included
-    kind: str  # "dashboard" | "alert" | "adapter" | "adapter-external" | "variable" | "recording"
+    kind: str  # "dashboard" | "alert" | "adapter" | "adapter-external" | "variable" | "recording" | "recorded"
     metric: str = ""  # adapter rules: the series <<.Series>> stands for
 
 

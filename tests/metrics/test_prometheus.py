@@ -31,6 +31,7 @@ from metrics_testkit import (
     MODEL,
     SATURATION,
     BackgroundLoad,
+    Query,
     adapter_queries,
     alert_queries,
     alert_rules,
@@ -92,9 +93,13 @@ class Prometheus:
     url: str
     log: Path
 
-    def query(self, expr: str) -> dict[str, Any]:
-        """The /api/v1/query answer (status, data or error) for an instant query now."""
-        r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=30)
+    def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
+        """The /api/v1/query answer (status, data or error) for an instant query now, or at
+        the Unix time `at` (answers at one `at` all see the same samples)."""
+        params: dict[str, Any] = {"query": expr}
+        if at is not None:
+            params["time"] = at
+        r = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=30)
         return r.json()
 
     def log_tail(self) -> str:
@@ -222,6 +227,10 @@ def burst_seen(prometheus, runtime) -> dict[str, float]:
     return seen
 
 
+PEAK_RECORDS = ("sluice:pod_kv_token_usage:max1m", "sluice:pod_queue_requests:max1m")
+UNSATURATED_FILTERS = ("sluice:pod_unsaturated_kv_token_usage:max1m", "sluice:pod_unsaturated_queue_requests:max1m")
+
+
 @pytest.fixture(scope="module")
 def evaluated(prometheus, runtime, burst_seen) -> dict[str, Any]:
     """Every query's answer, evaluated while the runtime is under load, after a burst that
@@ -241,11 +250,14 @@ def evaluated(prometheus, runtime, burst_seen) -> dict[str, Any]:
             ),
             timeout=30,
         )
+        at = time.time()  # every answer at one instant: they agree with each other
         answers = {
-            q.source: (q, expr, prometheus.query(expr))
+            q.source: (q, expr, prometheus.query(expr, at))
             for q in queries
             for expr in [substitute(q, NAMESPACE, MODEL, POD, RATE_INTERVAL)]
         }
+        for name in PEAK_RECORDS:  # the recorded peaks the filter rules read, at the same instant
+            answers[f"recorded {name}"] = (Query(name, name, "recorded"), name, prometheus.query(name, at))
         load_errors = list(load.errors)
     assert not load_errors, load_errors
     return answers
@@ -272,6 +284,7 @@ def test_every_expression_parses_and_evaluates(evaluated):
     assert not failed, failed
     assert len(evaluated) == (
         len(dashboard_queries()) + 2 + len(alert_queries()) + 6 + len(recording_queries())
+        + len(PEAK_RECORDS)
     )
 
 
@@ -280,9 +293,29 @@ def test_dashboard_and_adapter_queries_return_data(evaluated):
         f"{source}: {expr}"
         for source, (q, expr, answer) in evaluated.items()
         if q.kind in ("dashboard", "variable", "adapter", "adapter-external", "recording")
+        and not any(source.endswith(name) for name in UNSATURATED_FILTERS)
         and not _results(answer)
     ]
     assert not empty, "\n".join(empty)
+
+
+def test_the_unsaturated_filters_keep_the_pod_exactly_when_it_is_unsaturated(evaluated):
+    """The filter rules have no series for a saturated pod (the burst's queue of 5 can still
+    be inside the 1m window): each has the pod iff both its peaks, at the same instant, are
+    below the thresholds."""
+    from sluice.runtime.sim.plan.saturation import SaturationConfig
+
+    def peak(record: str) -> float:
+        (series,) = _results(evaluated[f"recorded {record}"][2])
+        assert series["metric"]["pod"] == POD
+        return float(series["value"][1])
+
+    cfg = SaturationConfig()
+    kv, queue = (peak(name) for name in PEAK_RECORDS)
+    unsaturated = kv < cfg.kv_threshold and queue < cfg.queue_threshold
+    for name in UNSATURATED_FILTERS:
+        pods = [r["metric"]["pod"] for r in _results(evaluated[f"recording rule {name}"][2])]
+        assert pods == ([POD] if unsaturated else []), (name, kv, queue)
 
 
 def test_adapter_queries_give_one_value_per_pod(evaluated):

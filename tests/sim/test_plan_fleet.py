@@ -163,14 +163,23 @@ def test_the_plan_command_writes_a_row_per_policy(calibration, tmp_path, tiny_ll
     cal = tmp_path / "cal.json"
     calibration.save(cal)
     out = tmp_path / "plan.json"
-    code = main(["plan", "--calibration", str(cal), "--traffic", "bursty", "--duration-minutes", "4",
-                 "--bursts", "1", "--burst-minutes", "1", "--base-rate", "0.3", "--peak-rate", "3",
-                 "--input-len", "48", "--input-min", "16", "--output-len", "24", "--output-min", "8",
-                 "--policy", "hpa:queueDepth=2", "static:2", "--max-running-requests", "4",
-                 "--max-total-tokens", "4096", "--output-file", str(out)])  # fmt: skip
+    argv = ["plan", "--calibration", str(cal), "--traffic", "bursty", "--duration-minutes", "4",
+            "--bursts", "1", "--burst-minutes", "1", "--base-rate", "0.3", "--peak-rate", "3",
+            "--input-len", "48", "--input-min", "16", "--output-len", "24", "--output-min", "8",
+            "--policy", "hpa:queueDepth=2", "static:2", "--max-running-requests", "4",
+            "--max-total-tokens", "4096"]  # fmt: skip
+    code = main([*argv, "--output-file", str(out)])
     assert code == 0
     doc = json.loads(out.read_text())
     assert [r["policy"] for r in doc["policies"]] == ["hpa:queueDepth=2", "static:2"]
     for r in doc["policies"]:
         assert 0 <= r["slo_attainment"] <= 1 and r["replica_hours"] > 0
+    # the same with both policies in parallel processes
+    assert main([*argv, "--jobs", "2", "--output-file", str(tmp_path / "jobs.json")]) == 0
+    again = json.loads((tmp_path / "jobs.json").read_text())
+
+    def same(rows):
+        return [{k: v for k, v in r.items() if "wall" not in k} for r in rows]
+
+    assert same(again["policies"]) == same(doc["policies"])
     assert main(["plan", "--calibration", str(cal), "--policy", "nope"]) == 2

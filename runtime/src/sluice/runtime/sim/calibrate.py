@@ -67,6 +67,11 @@ class CalibrateArgs:
     scale: float = option(1.0, "Scales the scenarios' prompt lengths (smaller: quicker).")
     held_out_fraction: float = option(0.25, "Share of the points kept out of the fit to report its error.")
     seed: int = option(0, "Seed of the prompts and of the held-out split.")
+    clock: str = option(
+        "wall", "wall: elapsed time (what a server sees). cpu: the engine thread's CPU time, "
+        "which other processes on a shared machine barely move; needs --loops normal and "
+        "--torch-threads 1 (the forward then runs on the measuring thread alone).", ("wall", "cpu"),
+    )
 
     def loop_names(self) -> list[str]:
         names = [n.strip() for n in self.loops.split(",") if n.strip()]
@@ -75,8 +80,10 @@ class CalibrateArgs:
             raise ValueError(f"--loops: choose from {', '.join(LOOPS)} (got {self.loops!r})")
         return names
 
-    def validate(self) -> None:
+    def validate(self, torch_threads: int = 0) -> None:
         self.loop_names()
+        if self.clock == "cpu" and (self.loop_names() != ["normal"] or torch_threads != 1):
+            raise ValueError("--clock cpu needs --loops normal and --torch-threads 1")
         if self.repeats < 1:
             raise ValueError("--repeats must be >= 1")
         if not 0.0 < self.scale <= 4.0:
@@ -170,7 +177,9 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def run_calibration(cal_args: CalibrateArgs, server_args: Any, log: Any = print) -> Calibration:
+def run_calibration(
+    cal_args: CalibrateArgs, server_args: Any, log: Any = print, measure_startup: bool = True
+) -> Calibration:
     import torch
 
     from sluice.runtime.engine.model_worker import ModelWorker
@@ -185,7 +194,7 @@ def run_calibration(cal_args: CalibrateArgs, server_args: Any, log: Any = print)
     cache_dir = Path(server_args.model_cache_dir) if server_args.model_cache_dir else default_cache_dir()
     model_path = resolve_model_path(server_args.model, cache_dir)
     log(f"calibrating {model_path} (load average {machine['load_average']})")
-    process_start = measure_process_start()
+    process_start = measure_process_start() if measure_startup else 0.0
     t0 = time.perf_counter()
     worker = ModelWorker(server_args, model_path)
     model_load = time.perf_counter() - t0
@@ -205,7 +214,8 @@ def run_calibration(cal_args: CalibrateArgs, server_args: Any, log: Any = print)
                     scheduler.step_overlap() if loop == "overlap" else scheduler.step()
                 scheduler.take_output()
                 warmup = time.perf_counter() - t0
-            profiler = Profiler(scheduler, worker, overlap=(loop == "overlap"), seed=cal_args.seed)
+            profiler = Profiler(scheduler, worker, overlap=(loop == "overlap"), seed=cal_args.seed,
+                                clock=cal_args.clock)  # fmt: skip
             profiler.run(warmup_scenario(worker.pool.rows), record=False)
             plan = scenarios(worker.pool.rows, worker.context_len, cal_args.scale)
             t_loop = time.perf_counter()
@@ -234,6 +244,7 @@ def run_calibration(cal_args: CalibrateArgs, server_args: Any, log: Any = print)
         torch_threads=torch.get_num_threads(),
     )
     machine["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    machine["clock"] = cal_args.clock
     return Calibration(
         model=facts,
         cost_flags=cost_flag_values(server_args),
@@ -249,8 +260,8 @@ def run_calibration(cal_args: CalibrateArgs, server_args: Any, log: Any = print)
 def main(ns: argparse.Namespace) -> int:
     try:
         cal_args = CalibrateArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(CalibrateArgs)})
-        cal_args.validate()
         server_args = server_args_from(ns, CALIBRATE_SERVER_FLAGS)
+        cal_args.validate(server_args.torch_threads)
     except ValueError as err:
         print(f"sluice calibrate: {err}", file=sys.stderr)
         return 2

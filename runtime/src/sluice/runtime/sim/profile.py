@@ -108,15 +108,19 @@ def warmup_scenario(max_rows: int) -> Scenario:
 
 
 class RecordingExecutor:
-    """The scheduler's executor, remembering each submitted batch's features."""
+    """The scheduler's executor, remembering each submitted batch's features (and, for the
+    CPU clock, the thread CPU time the submit took: the whole forward in the normal loop)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.worker = inner.worker
         self.submitted: deque[tuple[BatchFeatures, Future[ForwardOutput]]] = deque()
+        self.submit_cpu: dict[int, float] = {}
 
     def submit(self, fi: ForwardInput) -> Future[ForwardOutput]:
+        c0 = time.thread_time()
         fut = self.inner.submit(fi)
+        self.submit_cpu[id(fut)] = time.thread_time() - c0
         self.submitted.append((BatchFeatures.of(fi), fut))
         return fut
 
@@ -127,16 +131,30 @@ class RecordingExecutor:
         self.inner.close()
 
 
+CLOCKS = ("wall", "cpu")
+
+
 @dataclass
 class Profiler:
+    """Runs scenarios through `scheduler` and keeps a `TickPoint` per measurement.
+
+    `clock`: `wall` (what a server sees), or `cpu`: this thread's CPU time, which other
+    processes on a shared machine barely move (normal loop, one torch thread only: the
+    forward then runs on this thread and on no other)."""
+
     scheduler: Scheduler
     worker: ModelWorker
     overlap: bool
     seed: int = 0
+    clock: str = "wall"
     points: list[TickPoint] = field(default_factory=list)
     ticks: int = 0
 
     def __post_init__(self) -> None:
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}")
+        if self.clock == "cpu" and self.overlap:
+            raise ValueError("the CPU clock measures the normal loop only (the overlap loop's forward runs on another thread)")
         self.recorder = RecordingExecutor(self.scheduler.executor)
         self.scheduler.executor = self.recorder  # type: ignore[assignment]
         self._rng = random.Random(self.seed)
@@ -180,12 +198,14 @@ class Profiler:
     def _tick(self, scenario: str | None) -> None:
         s = self.scheduler
         s.timing.take()
+        c0 = time.thread_time()
         result = s.step_overlap() if self.overlap else s.step()
         t0 = time.perf_counter()
         s.take_output()
         s.stats()
         s.take_queue_times()
         post = time.perf_counter() - t0
+        tick_cpu = time.thread_time() - c0
         timing = s.timing.take()
         self.ticks += 1
         in_flight = s.inflight.launched.result if s.inflight.launched is not None else None
@@ -199,18 +219,24 @@ class Profiler:
             )
         if scenario is None:
             return
+        schedule = timing.schedule + timing.launch
+        if not self.overlap:
+            schedule -= timing.forward  # the normal loop's launch ran the forward
+        process = timing.process + post
+        forwards = {id(fut): fut.result().forward_seconds for _, fut in processed}
+        submit_cpu = {id(f): self.recorder.submit_cpu.pop(id(f), 0.0) for _, f in processed}
+        if self.clock == "cpu":  # the forward ran inside submit; the rest of the tick is host work
+            forwards = submit_cpu
+            host_cpu = max(0.0, tick_cpu - sum(submit_cpu.values()))
+            share = schedule / (schedule + process) if schedule + process > 0 else 0.5
+            schedule, process = host_cpu * share, host_cpu * (1 - share)
         if launched is not None:
-            host = timing.schedule + timing.launch
-            if not self.overlap:
-                host -= timing.forward  # the normal loop's launch ran the forward
-            self.points.append(TickPoint(self.loop, scenario, "host_schedule", launched[0], host))
+            self.points.append(TickPoint(self.loop, scenario, "host_schedule", launched[0], schedule))
         for features, fut in processed:
-            out = fut.result()
-            self.points.append(TickPoint(self.loop, scenario, "forward", features, out.forward_seconds))
+            self.points.append(TickPoint(self.loop, scenario, "forward", features, forwards[id(fut)]))
         if processed:
-            process = (timing.process + post) / len(processed)
             for features, _ in processed:
-                self.points.append(TickPoint(self.loop, scenario, "host_process", features, process))
+                self.points.append(TickPoint(self.loop, scenario, "host_process", features, process / len(processed)))
 
 
 def iter_kind(points: list[TickPoint], loop: str, kind: str) -> Iterator[TickPoint]:

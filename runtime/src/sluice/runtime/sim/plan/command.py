@@ -68,6 +68,7 @@ class PlanArgs:
     ttft_slo: float = option(2.0, "SLO: time to first token, seconds.")
     itl_slo: float = option(0.25, "SLO: a request's mean inter-token latency, seconds.")
     seed: int = option(1, "Seed of the trace, the prompts and the random router.")
+    jobs: int = option(1, "Policies simulated at once, one process each (the results do not depend on it).")
 
     def validate(self) -> None:
         problems = []
@@ -85,6 +86,8 @@ class PlanArgs:
                         ("--drain-seconds", self.drain_seconds), ("--cpu-cores", self.cpu_cores)):  # fmt: skip
             if v < 0:
                 problems.append(f"{flag} must be >= 0")
+        if self.jobs < 1:
+            problems.append("--jobs must be >= 1")
         if self.scrape_interval <= 0 or self.hpa_sync_period <= 0:
             problems.append("--scrape-interval and --hpa-sync-period must be > 0")
         if problems:
@@ -112,9 +115,9 @@ def build_trace(args: PlanArgs) -> Any:
 
 def run_plan(args: PlanArgs, server_args: Any, calibration: Calibration, log: Any = print) -> dict[str, Any]:
     from sluice.runtime.sim.plan import hpa as H
-    from sluice.runtime.sim.plan.fleet import ClusterTimings, Fleet
+    from sluice.runtime.sim.plan.fleet import ClusterTimings
     from sluice.runtime.sim.plan.policies import parse_policy
-    from sluice.runtime.sim.plan.report import Slo, format_table, summarize
+    from sluice.runtime.sim.plan.report import Slo, format_table
     from sluice.runtime.sim.plan.traffic import RequestShape, planned_requests, poisson_arrivals
 
     behavior = H.Behavior(
@@ -140,22 +143,21 @@ def run_plan(args: PlanArgs, server_args: Any, calibration: Calibration, log: An
     log(f"trace: {len(trace.per_minute)} minutes, {len(requests)} requests "
         f"(mean {len(requests) / trace.duration_s:.2f} req/s, peak minute {max(trace.per_minute):.2f} req/s); "
         f"pod start-up {startup:.1f} s")  # fmt: skip
+    jobs = [(policy, server_args, calibration, timings, args.routing_policy, args.cpu_cores or None,
+             args.seed, requests, trace.duration_s, slo) for policy in policies]  # fmt: skip
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            done = list(pool.map(simulate_policy, jobs))
+    else:
+        done = [simulate_policy(job) for job in jobs]
     rows = []
     timelines = {}
-    for policy in policies:
-        t0 = time.perf_counter()
-        fleet = Fleet(policy, server_args, calibration, timings, routing=args.routing_policy,
-                      cpu_cores=args.cpu_cores or None, seed=args.seed)  # fmt: skip
-        result = fleet.run(requests, trace.duration_s)
-        row = summarize(result, slo, len(requests))
-        row["wall_seconds"] = time.perf_counter() - t0
-        row["simulated_seconds_per_wall_second"] = result.end / row["wall_seconds"]
+    for row, timeline in done:
         rows.append(row)
-        timelines[policy.name] = {
-            "minutes": result.timeline,
-            "scale_events": [dataclasses.asdict(e) for e in result.scale_events],
-        }
-        log(f"  {policy.name}: {row['slo_attainment']:.1%} within the SLO, {row['replica_hours']:.2f} "
+        timelines[row["policy"]] = timeline
+        log(f"  {row['policy']}: {row['slo_attainment']:.1%} within the SLO, {row['replica_hours']:.2f} "
             f"replica-hours, {row['scale_events']} scale events ({row['wall_seconds']:.0f} s)")  # fmt: skip
     table = format_table(rows, slo)
     return {
@@ -167,6 +169,22 @@ def run_plan(args: PlanArgs, server_args: Any, calibration: Calibration, log: An
         "timelines": timelines,
         "table": table,
     }
+
+
+def simulate_policy(job: tuple[Any, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One policy over the trace: its summary row and its per-minute timeline."""
+    from sluice.runtime.sim.plan.fleet import Fleet
+    from sluice.runtime.sim.plan.report import summarize
+
+    policy, server_args, calibration, timings, routing, cpu_cores, seed, requests, duration, slo = job
+    t0 = time.perf_counter()
+    fleet = Fleet(policy, server_args, calibration, timings, routing=routing, cpu_cores=cpu_cores, seed=seed)
+    result = fleet.run(requests, duration)
+    row = summarize(result, slo, len(requests))
+    row["wall_seconds"] = time.perf_counter() - t0
+    row["simulated_seconds_per_wall_second"] = result.end / row["wall_seconds"]
+    timeline = {"minutes": result.timeline, "scale_events": [dataclasses.asdict(e) for e in result.scale_events]}
+    return row, timeline
 
 
 def main(ns: argparse.Namespace) -> int:
