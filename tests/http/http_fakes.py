@@ -40,6 +40,11 @@ class FakeTM:
     input_logprobs: list[float] | None = None
     live: dict[str, asyncio.Event] = field(default_factory=dict)
 
+    prefills: list[list[int]] = field(default_factory=list)  # prefill_only calls (n > 1)
+
+    async def prefill_only(self, input_ids):
+        self.prefills.append(list(input_ids))
+
     def abort(self, rid):
         hit = [r for r in self.live if r == rid or r.startswith(f"{rid}-")]
         for r in hit:

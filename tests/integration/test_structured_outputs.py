@@ -11,37 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
+from json_schemas import PERSON, PETS
 from server_process import serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.bundled]
 openai = pytest.importorskip("openai")
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 16},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "address": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 16}, "zip": {"type": "integer"}},
-            "required": ["city", "zip"],
-        },
-    },
-    "required": ["name", "age", "address"],
-}
-PETS = {
-    "type": "object",
-    "properties": {
-        "pets": {
-            "type": "array",
-            "items": {"enum": ["cat", "dog", "fish"]},
-            "minItems": 1,
-            "maxItems": 3,
-        },  # fmt: skip
-        "size": {"enum": ["small", "large"]},
-    },
-    "required": ["pets", "size"],
-}
 WEATHER = {
     "type": "function",
     "function": {

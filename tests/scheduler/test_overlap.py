@@ -132,3 +132,32 @@ def test_tick_timing_shows_where_the_time_went(make_harness, overlap):
     assert t.ticks >= len(h.ticks) and t.forward > 0 and t.schedule > 0 and t.process > 0
     assert "forward=" in t.summary() and "wait=" in t.summary()
     assert h.scheduler.timing.take().ticks == 0  # take() resets
+
+
+def test_the_stream_executor_gives_the_normal_loops_outputs(make_harness):
+    """The GPU's overlap executor (forward enqueued from the scheduler thread, sampling once
+    the vocab mask is filled, results read after the stream's event), driven here through
+    host streams: the same outputs as the normal loop, constrained and penalised rows
+    included."""
+    import json
+
+    from sluice.runtime.engine.executor import HostStreams, StreamExecutor
+    from sluice.runtime.ipc.messages import Constraint
+
+    def submit(h):
+        many(frequency_penalty=0.4)(h)
+        for i in range(4):
+            h.submit(f"c{i}", PROMPTS[i], max_new_tokens=16,
+                     constraint=Constraint("choice", json.dumps(["yes", "no", "later"])))  # fmt: skip
+            h.submit(f"lp{i}", PROMPTS[i + 4], max_new_tokens=5, ignore_eos=True, logprobs=True,
+                     top_logprobs_num=3, logprob_start_len=0)  # fmt: skip
+
+    normal = run(make_harness, False, submit, max_running_requests=24)
+    h = make_harness(enable_deterministic_inference=True, disable_overlap_schedule=False,
+                     max_running_requests=24)  # fmt: skip
+    h.scheduler.executor.close()
+    h.scheduler.executor = StreamExecutor(h.worker, HostStreams())
+    submit(h)
+    h.run_until_idle()
+    assert h.outputs == normal.outputs
+    assert all(h.finished[f"c{i}"].kind == "stop" for i in range(4))

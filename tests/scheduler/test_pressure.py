@@ -72,7 +72,9 @@ def test_retraction_raises_new_token_ratio_and_logs(make_harness, caplog):
             before = h.scheduler.ratio.value
             h.step()
     (line,) = [m for m in caplog.messages if "retracted requests=" in m]
-    logged_before, logged_after = map(float, line.split("new_token_ratio=")[1].split("->"))
+    logged = line.split("new_token_ratio=")[1].split()[0]
+    logged_before, logged_after = map(float, logged.split("->"))
+    assert line.endswith("reason=KV pool exhausted")
     assert logged_before == pytest.approx(before, abs=1e-3)
     # the survivors have used (decoded + 20 each) of their max_new_tokens: 24 each, clipped
     survivors = list(h.scheduler.decode.running.values())
@@ -131,3 +133,22 @@ def test_a_prompt_shares_its_prefix_before_it_finishes(make_harness):
     h.run_until_idle()
     assert h.cached["twin"] == 32  # reused while "first" was still being chunked
     assert h.outputs["first"] and h.outputs["twin"]
+
+
+def test_n_choices_of_one_prompt_share_one_prefill(make_harness):
+    # what the API does for n > 1: a prefill-only request (max_new_tokens 0) caches the
+    # prompt, then each choice computes only the prompt's last token
+    h = make_harness(page_size=4)
+    prompt = [5 + (i * 11) % 170 for i in range(41)]
+    h.submit("prefill", prompt, max_new_tokens=0)
+    h.run_until_idle()
+    assert h.finished["prefill"].kind == "length" and h.outputs.get("prefill", []) == []
+    assert h.ticks[0].num_tokens == 41
+    h.ticks.clear()
+    for j in range(3):
+        h.submit(f"choice{j}", prompt, max_new_tokens=2, ignore_eos=True, temperature=1.0, seed=j)
+    h.step()
+    assert h.ticks[0].num_tokens == 3 * (41 - 40)  # 40 tokens (10 pages) reused by each
+    h.run_until_idle()
+    assert all(len(h.outputs[f"choice{j}"]) == 2 for j in range(3))
+    h.assert_all_free()

@@ -45,7 +45,7 @@ FLAG_STARTUP_TIMEOUT = "--startup-timeout"
 FLAG_SCHEDULER_HEARTBEAT_TIMEOUT = "--scheduler-heartbeat-timeout"
 ENV_API_KEY = "SLUICE_API_KEY"
 
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flashinfer")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float32")

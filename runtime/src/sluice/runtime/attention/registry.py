@@ -1,7 +1,8 @@
 """Choose an attention backend by name (`--attention-backend`).
 
 `auto` picks by device: on CUDA, `flashinfer` when the package imports, else `triton`,
-else `torch`; on the CPU, `torch`. An explicit name that cannot run where it is asked to
+else `torch`; on the CPU, `cpu` (the in-place paged kernels, or their torch fallback
+when the extension cannot be built). An explicit name that cannot run where it is asked to
 (`flashinfer` on the CPU, a package that is not installed, `triton` on the CPU without
 Triton's interpreter) is refused with one line saying why: `sluice serve` checks it while
 parsing its flags and exits 2.

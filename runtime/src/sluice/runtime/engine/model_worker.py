@@ -38,7 +38,7 @@ from sluice.runtime.model import cpu_fused_ops
 from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sluice.runtime.model.loader import load_model, load_tokenizer
 from sluice.runtime.model.quantization import quantize_model
-from sluice.runtime.sampling.sampler import TokenHistory, needs_history, sample
+from sluice.runtime.sampling.sampler import SampleOutput, TokenHistory, needs_history, sample
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.threads import model_worker_threads
 
@@ -259,20 +259,35 @@ class ModelWorker:
             fb = fb.padded(ROW_MULTIPLE)
         return fb
 
+    # ---- one forward, in three steps ---------------------------------------------------
+    # `launch` (the model), `sample` (needs the vocab mask, which the overlap loop may
+    # still be computing) and `collect` (the host copies). On the CPU they run back to back
+    # (`run`); on CUDA the stream executor enqueues the first two and collects later.
     @torch.inference_mode()
     def run(self, fi: ForwardInput) -> ForwardOutput:
         """Forward and sample one batch; the sampled tokens go into the token table too."""
+        launched = self.launch(fi)
+        mask = fi.vocab_mask.result.result() if fi.vocab_mask is not None else None
+        return self.collect(self.sample(launched, mask))
+
+    @torch.inference_mode()
+    def launch(self, fi: ForwardInput) -> LaunchedForward:
         began = time.perf_counter()
         fb = self.forward_batch(fi)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             logits = self.graph_runner.replay(fb)
         else:
             logits = self.model.forward(fb)
-        prompt_logprobs = self._prompt_logprobs(fi, logits[len(fi.rows) :])
+        return LaunchedForward(fi, logits, began)
+
+    @torch.inference_mode()
+    def sample(self, launched: LaunchedForward, mask: torch.Tensor | None) -> SampledForward:
+        fi, logits = launched.fi, launched.logits
+        prompt = self._prompt_logprobs(fi, logits[len(fi.rows) :])
         logits = logits[: len(fi.rows)]
         sampled = [r for r in fi.rows if r.sample]
         if not sampled:
-            return ForwardOutput([], [], time.perf_counter() - began, [], prompt_logprobs)
+            return SampledForward(launched, None, prompt)
         if len(sampled) < len(fi.rows):
             logits = logits[self._long([i for i, r in enumerate(fi.rows) if r.sample])]
         history = None
@@ -281,10 +296,19 @@ class ModelWorker:
         if needs_history(fi.sampling):
             width = max(next_pos)
             history = TokenHistory(self.token_table[rows_t, :width], self._long(next_pos))
-        mask = fi.vocab_mask.result.result() if fi.vocab_mask is not None else None
         out = sample(logits, fi.sampling, history, mask)
         self.token_table[rows_t, self._long(next_pos)] = out.token_ids.to(self.token_table.dtype)
-        n = len(sampled)
+        return SampledForward(launched, out, prompt)
+
+    def collect(self, sampled: SampledForward) -> ForwardOutput:
+        """The host's copy of a sampled forward (waits for the device)."""
+        fi, out = sampled.launched.fi, sampled.out
+        prompt = sampled.prompt_logprobs
+        prompt_logprobs = [v.tolist() for v in prompt] if prompt is not None else []
+        elapsed = time.perf_counter() - sampled.launched.began
+        if out is None:
+            return ForwardOutput([], [], elapsed, [], prompt_logprobs)
+        n = len(fi.sampling)
         logprobs: list[float | None] = out.logprobs.tolist() if out.logprobs is not None else [None] * n
         top: list[tuple[list[int], list[float]] | None] = [None] * n
         if out.top_ids is not None and out.top_logprobs is not None:
@@ -293,19 +317,35 @@ class ModelWorker:
                 k = s.params.top_logprobs_num
                 if k > 0:
                     top[i] = (ids[i][:k], values[i][:k])
-        return ForwardOutput(
-            out.token_ids.tolist(), logprobs, time.perf_counter() - began, top, prompt_logprobs
-        )
+        tokens = out.token_ids.tolist()
+        return ForwardOutput(tokens, logprobs, time.perf_counter() - sampled.launched.began, top,
+                             prompt_logprobs)  # fmt: skip
 
-    def _prompt_logprobs(self, fi: ForwardInput, extra_logits: torch.Tensor) -> list[list[float]]:
-        """Per row, the logprob of each of its `logprob_targets` (empty lists when none)."""
+    def _prompt_logprobs(
+        self, fi: ForwardInput, extra_logits: torch.Tensor
+    ) -> list[torch.Tensor] | None:
+        """Per row, the logprob of each of its `logprob_targets` (None when no row asks)."""
         if not any(r.logprob_targets for r in fi.rows):
-            return []
+            return None
         targets = self._long([t for r in fi.rows for t in r.logprob_targets])
         picked = torch.log_softmax(extra_logits[: targets.numel()].float(), dim=-1)
-        values = picked.gather(1, targets[:, None])[:, 0].tolist()
+        values = picked.gather(1, targets[:, None])[:, 0]
         out, at = [], 0
         for r in fi.rows:
             out.append(values[at : at + len(r.logprob_targets)])
             at += len(r.logprob_targets)
         return out
+
+
+@dataclass(frozen=True)
+class LaunchedForward:
+    fi: ForwardInput
+    logits: torch.Tensor  # the model's, on the device
+    began: float
+
+
+@dataclass(frozen=True)
+class SampledForward:
+    launched: LaunchedForward
+    out: SampleOutput | None  # None: nothing sampled (intermediate chunks only)
+    prompt_logprobs: list[torch.Tensor] | None

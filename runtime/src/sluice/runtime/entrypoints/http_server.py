@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hmac
 import json
 import logging
@@ -21,6 +22,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
@@ -30,6 +32,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice.runtime import constants as C
+from sluice.runtime.disconnect import ClientGone, unless_disconnected
 from sluice.runtime.entrypoints import logprobs as L
 from sluice.runtime.entrypoints import openai_protocol as P
 from sluice.runtime.entrypoints import openai_responses as R
@@ -41,7 +44,6 @@ from sluice.runtime.entrypoints.streaming import (
     ChatEvents,
     ChoiceStreams,
     Chunk,
-    ClientGone,
     Collected,
     CompletionEvents,
     EventFormat,
@@ -49,7 +51,6 @@ from sluice.runtime.entrypoints.streaming import (
     SSEResponse,
     as_protocol_error,
     sse_event,
-    unless_disconnected,
 )
 from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST
 from sluice.runtime.ipc.messages import Constraint, FinishReason, SamplingParams
@@ -91,7 +92,15 @@ class _Server:
         self.tm = tm
         self.args = args
         self.created = int(time.time())
+        # tokenization and chat templates run here, one at a time (a fast tokenizer is not
+        # safe to call from several threads), so a long prompt never stalls the event loop
+        self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
         self._token_bytes: L.TokenBytes | None = None
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` on the tokenizer thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenizing, functools.partial(fn, *args, **kwargs))
 
     @property
     def caps(self) -> Q.Capabilities:
@@ -146,7 +155,11 @@ class _Server:
     async def start(self, jobs: list[Job]) -> ChoiceStreams:
         """Start every job. The generators run to their first wait before this returns, so
         an up-front rejection (ValueError, raised before the TokenizerManager's first
-        await) is a 400 even for a stream."""
+        await) is a 400 even for a stream. A prompt shared by several jobs (n > 1) is
+        prefilled once first, so the others reuse it from the prefix cache (SGLang's way)."""
+        if not self.args.disable_radix_cache:
+            shared = {tuple(j.ids) for j in jobs if sum(k.ids == j.ids for k in jobs) > 1}
+            await asyncio.gather(*(self.tm.prefill_only(list(ids)) for ids in shared))
         streams = ChoiceStreams([self.tm.generate(j.ids, j.params, j.rid) for j in jobs])
         await asyncio.sleep(0)
         if streams.first_error is not None:
@@ -232,11 +245,11 @@ class _Server:
         if prompt_lp:
             raise P.not_supported_yet("prompt_logprobs", "vLLM's prompt_logprobs")
         ctx = self.tm.context_len
+        encoded = await self.off_loop(lambda: [self.encode(p, req.add_special_tokens) for p in req.prompt])
         prompts = [
-            Q.truncate_prompt(self.encode(p, req.add_special_tokens), req.truncate_prompt_tokens,
-                              req.truncation_side, ctx)
-            for p in req.prompt
-        ]  # fmt: skip
+            Q.truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side, ctx)
+            for ids in encoded
+        ]
         c = constraint[1] if constraint else None
         params = [Q.to_sampling_params(req, len(ids), ctx, c) for ids in prompts]
         rid = req.client_rid or f"cmpl-{uuid.uuid4().hex}"
@@ -323,8 +336,8 @@ class _Server:
         if req.prompt_logprobs is not None:
             raise P.not_supported_yet("prompt_logprobs", "vLLM's prompt_logprobs")
         ctx = self.tm.context_len
-        ids = Q.truncate_prompt(self.chat_prompt(req), req.truncate_prompt_tokens,
-                                req.truncation_side, ctx)  # fmt: skip
+        ids = Q.truncate_prompt(await self.off_loop(self.chat_prompt, req),
+                                req.truncate_prompt_tokens, req.truncation_side, ctx)  # fmt: skip
         params = Q.to_sampling_params(req, len(ids), ctx, constraint[1] if constraint else None)
         rid = req.client_rid or f"chatcmpl-{uuid.uuid4().hex}"
         jobs = _fan_out([ids], [params], [req.n], rid)
@@ -391,7 +404,7 @@ class _Server:
                 if req.return_logprob and req.logprob_start_len >= 0 else None,
                 spaces_between_special_tokens=sp.spaces_between_special_tokens,
             )  # fmt: skip
-            ids = self.encode(prompt, param=param)
+            ids = await self.off_loop(self.encode, prompt, param=param)
             ids_list.append(ids)
             params.append(Q.native_sampling_params(
                 req, sp, len(ids), ctx, constraint[1] if constraint else None))  # fmt: skip

@@ -13,11 +13,10 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import anyio
-from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
@@ -32,10 +31,6 @@ logger = logging.getLogger("sluice.http")
 SSE_DONE = "data: [DONE]\n\n"
 T = TypeVar("T")
 Chunk = Any  # tokenizer_manager.GenerateChunk, duck-typed so tests can script a fake
-
-
-class ClientGone(Exception):
-    """The HTTP client disconnected before its response was ready."""
 
 
 class ChoiceStreams:
@@ -114,26 +109,6 @@ def positions_of(chunk: Any) -> list[L.PositionLogprobs]:
         L.PositionLogprobs(t, lp, tops[i] if i < len(tops) else ())
         for i, (t, lp) in enumerate(zip(chunk.token_ids, chunk.logprobs, strict=False))
     ]
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """Run `work`; if the client disconnects first, cancel it and raise ClientGone."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        raise ClientGone
-    finally:
-        task.cancel()
-        watcher.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
 
 
 class SSEResponse(StreamingResponse):

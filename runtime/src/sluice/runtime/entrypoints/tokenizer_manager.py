@@ -199,6 +199,15 @@ class TokenizerManager:
             send(self._to_scheduler, AbortReq(internal))
         return rids
 
+    async def prefill_only(self, input_ids: list[int]) -> None:
+        """Compute a prompt's KV into the prefix cache, generating nothing (n > 1: the
+        choices then share it instead of each prefilling it)."""
+        try:
+            async for _ in self.generate(input_ids, SamplingParams(max_new_tokens=0)):
+                pass
+        except ValueError:
+            pass  # the request itself will be refused with the same reason
+
     async def _receive_loop(self) -> None:
         while True:
             msg = await recv_async(self._from_detokenizer)

@@ -4,7 +4,7 @@
 rotary embedding, SiLU-and-multiply in one pass each) are compiled by `torch.utils.cpp_extension` with
 `-O3 -march=native -fopenmp` into a folder keyed by the source, the torch version and the
 CPU's flags, under the model cache dir (`$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`).
-The first process builds it (a file lock makes concurrent processes build once, ~30 s);
+The first process builds it (an flock makes concurrent processes build once, ~15-30 s);
 later ones load the cached library. `make setup` builds it ahead of time
 (`python -m sluice.runtime.kernels.cpu_extension`). Without a C++ compiler, or when the
 build fails, `load()` returns None and says why; the caller falls back to torch code.
@@ -12,20 +12,24 @@ build fails, `load()` returns None and says why; the caller falls back to torch 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import shutil
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "fused_ops.cpp")]
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / name for name in ("paged_attention.cpp", "fused_ops.cpp")]
+HEADERS = [CSRC / "cpu_math.h"]
 NAME = "sluice_cpu_kernels"
 # reassociation lets the compiler vectorise sums as trees (dot products, softmax sums);
 # infinities and NaNs keep their meaning (no -ffinite-math-only)
@@ -52,7 +56,7 @@ def _cpu_flags() -> str:
 
 def build_directory(root: Path | None = None) -> Path:
     """One folder per (source, torch, compiler flags, CPU): -march=native code is per CPU."""
-    texts = [source.read_text() for source in SOURCES]
+    texts = [source.read_text() for source in (*SOURCES, *HEADERS)]
     key = "\0".join([*texts, torch.__version__, " ".join(CFLAGS), _cpu_flags()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return (root or cache_root()) / "kernels" / f"{NAME}-{digest}"
@@ -62,19 +66,24 @@ def compiler_available() -> bool:
     return shutil.which(os.environ.get("CXX", "c++")) is not None
 
 
-STALE_LOCK_S = 600.0  # a build takes well under a minute; a lock this old lost its builder
+BUILD_LOCK = ".sluice-build.flock"
 
 
-def _clear_stale_lock(folder: Path) -> None:
-    """cpp_extension's build lock is a file; a build killed mid-way leaves it behind and every
-    later process would wait on it forever."""
-    lock = folder / "lock"
-    try:
-        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-            logger.warning("removing a stale kernel build lock %s", lock)
-            lock.unlink()
-    except FileNotFoundError:
-        pass
+@contextlib.contextmanager
+def _exclusive_build(folder: Path) -> Iterator[None]:
+    """One builder per folder across processes, by flock: the kernel releases it when its holder
+    dies, which cpp_extension's own lock (a plain file, waited on forever) does not. Under it
+    nobody else is building, so a leftover cpp_extension lock file is an orphan and goes."""
+    with open(folder / BUILD_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            orphan = folder / "lock"
+            if orphan.exists():
+                logger.warning("removing an orphaned kernel build lock %s", orphan)
+                orphan.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @functools.cache
@@ -88,17 +97,17 @@ def load() -> str | None:
 
     folder = build_directory()
     folder.mkdir(parents=True, exist_ok=True)
-    _clear_stale_lock(folder)
     try:
-        cpp_extension.load(
-            name=NAME,
-            sources=[str(source) for source in SOURCES],
-            extra_cflags=CFLAGS,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(folder),
-            is_python_module=False,
-            verbose=False,
-        )
+        with _exclusive_build(folder):
+            cpp_extension.load(
+                name=NAME,
+                sources=[str(source) for source in SOURCES],
+                extra_cflags=CFLAGS,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(folder),
+                is_python_module=False,
+                verbose=False,
+            )
     except Exception as err:  # a broken toolchain must not take the server down
         logger.warning("building the CPU kernels failed: %s", err)
         return f"build failed: {err}"

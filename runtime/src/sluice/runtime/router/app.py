@@ -14,10 +14,8 @@ is configured: on the workers.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
@@ -26,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sluice.runtime import constants as C
+from sluice.runtime.disconnect import ClientGone, unless_disconnected
 from sluice.runtime.router.keys import EMPTY, routing_key
 from sluice.runtime.router.metrics import RouterMetrics
 from sluice.runtime.router.policies import LeastLoad, Policy
@@ -41,30 +40,6 @@ from sluice.runtime.router.workers import WorkerPool
 logger = logging.getLogger("sluice.router")
 T = TypeVar("T")
 ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
-
-
-class ClientGone(Exception):
-    pass
-
-
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """Run `work`; if the client disconnects first, cancel it (closing what it opened)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_until_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        raise ClientGone
-    finally:
-        task.cancel()
-        watcher.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
 
 
 class RouterApp:

@@ -161,6 +161,24 @@ class DecodeManager:
                 given_up.append(r)
         return DecodeRows(decodable(), retraction, given_up)
 
+    def preempt(self, outranked: Callable[[Req], bool], fits: Callable[[], bool]) -> Retraction:
+        """Retract running requests `outranked` (a more important one waits), least
+        important and then newest first, until `fits()`; they go back to the queue."""
+        before = self.ratio.value
+        victims = sorted(
+            (r for r in self.running.values() if outranked(r)),
+            key=lambda r: (-r.sampling.priority, -r.arrival_time),
+        )
+        retracted, freed = [], 0
+        while victims and not fits():
+            victim = victims.pop(0)
+            self.remove(victim)
+            freed += victim.kv_len
+            self.cache.release(victim)
+            victim.retractions += 1
+            retracted.append(victim)
+        return Retraction(retracted, freed, before, self.ratio.value)
+
     def _retract_until_fits(self) -> Retraction:
         before = self.ratio.value
         retracted: list[Req] = []

@@ -12,10 +12,9 @@ batch N before processing N-1, so while N runs:
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from sluice.runtime.engine.forward_input import ForwardOutput
+from sluice.runtime.engine.executor import PendingOutput
 from sluice.runtime.scheduler.batch import ScheduledBatch
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.request import Req
@@ -24,7 +23,7 @@ from sluice.runtime.scheduler.request import Req
 @dataclass(frozen=True)
 class Launched:
     batch: ScheduledBatch
-    result: Future[ForwardOutput]
+    result: PendingOutput
 
 
 @dataclass
@@ -34,7 +33,7 @@ class InFlight:
     _uses: set[int] = field(default_factory=set)
     _samples: set[int] = field(default_factory=set)
 
-    def launch(self, batch: ScheduledBatch, result: Future[ForwardOutput]) -> None:
+    def launch(self, batch: ScheduledBatch, result: PendingOutput) -> None:
         assert self.launched is None, "one batch in flight at a time"
         self.launched = Launched(batch, result)
         self._uses = {id(r) for r in batch.reqs}

@@ -9,8 +9,11 @@
   others reuse it from the cache on a later tick.
 - `dfs-weight`: depth-first over the radix tree, heavier subtrees (more waiting requests)
   first, so requests sharing prefixes are admitted together.
+- `priority`: the request's `priority` (lower first, vLLM's convention), then arrival;
+  a waiting request may also preempt running ones of lower priority (see scheduler.py).
 
-Whatever the policy, two groups go first, in queue order: retracted requests (they were
+Whatever the policy (but `priority`, where priority comes before everything), two groups go
+first, in queue order: retracted requests (they were
 running; the queue's head is theirs), then requests that have waited `starvation_passes`
 prefill passes or more (a reordering policy must not starve a request forever, e.g. one
 that matches nothing under `lpm`). The policy orders the rest.
@@ -50,6 +53,8 @@ def order_waiting(
     queue: list[Req], config: PolicyConfig, cache: KVCacheManager | None, tick: int
 ) -> list[Req]:
     """`queue` (in arrival order, retracted requests at its head) in admission order."""
+    if config.name == "priority":  # stable: retracted first and arrival order within a level
+        return sorted(queue, key=lambda r: (r.sampling.priority, not r.retractions))
     first = [r for r in queue if r.retractions or tick - r.enqueued_tick >= config.starvation_passes]
     if first:
         chosen = {id(r) for r in first}

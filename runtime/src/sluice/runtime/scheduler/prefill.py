@@ -206,6 +206,24 @@ class PrefillManager:
         self.chunked = adder.chunked
         return batch
 
+    def head(self) -> Req | None:
+        """The request admission would offer first."""
+        if self.chunked is not None:
+            return self.chunked
+        ordered = order_waiting(list(self.waiting), self.policy, self.cache, self.passes)
+        return ordered[0] if ordered else None
+
+    def fits(self, req: Req, running_reserved: float) -> bool:
+        """Whether `req` alone would be admitted now (a row, and KV for its whole life,
+        counting what its cached prefix already holds), changing nothing."""
+        if req.row is None and self.cache.free_rows == 0:
+            return False
+        cached = self.cache.peek(req) if req.row is None else 0
+        held = max(len(req.kv_pages), cached // self.cache.page_size)
+        end = req.seq_len + req.clipped_remaining_new_tokens
+        need = max(0, self.cache.allocator.pages_for(end) - held) * self.cache.page_size
+        return need <= self.cache.available_size - running_reserved
+
     def abort_stuck_chunk(self) -> Req | None:
         """The request being chunked, taken out, when it can never get its next chunk (the
         pool cannot hold it while nothing else runs); the caller fails it."""

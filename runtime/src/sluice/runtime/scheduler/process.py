@@ -17,7 +17,7 @@ from typing import Any
 import zmq
 
 from sluice.runtime.constrained import GrammarCompiler
-from sluice.runtime.engine.executor import SyncExecutor, ThreadExecutor
+from sluice.runtime.engine.executor import SyncExecutor, overlap_executor
 from sluice.runtime.engine.model_worker import ModelWorker, PoolLayout
 from sluice.runtime.ipc.messages import SchedulerStats
 from sluice.runtime.ipc.sockets import (
@@ -48,7 +48,7 @@ PAUSED_POLL_S = 0.01  # how often a paused scheduler (test hold gate) looks for 
 def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
     """The scheduler for `args` over `worker`: its bookkeeping (pages, rows, prefix cache)
     is built here, sized to the worker's device pool."""
-    executor = SyncExecutor(worker) if args.disable_overlap_schedule else ThreadExecutor(worker)
+    executor = SyncExecutor(worker) if args.disable_overlap_schedule else overlap_executor(worker)
     grammars = GrammarQueue(
         GrammarCompiler(worker.tokenizer, worker.model_config.vocab_size, worker.eos_token_ids)
     )

@@ -26,7 +26,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +43,13 @@ from sluice.runtime.ipc.messages import (
 from sluice.runtime.scheduler.accounting import Counters, TickResult, TickTiming, token_output
 from sluice.runtime.scheduler.batch import ScheduledBatch, forward_input
 from sluice.runtime.scheduler.cache import KVCacheManager
-from sluice.runtime.scheduler.decode import DecodeManager, DecodeRows, NeedSync, NewTokenRatio
+from sluice.runtime.scheduler.decode import (
+    DecodeManager,
+    DecodeRows,
+    NeedSync,
+    NewTokenRatio,
+    Retraction,
+)
 from sluice.runtime.scheduler.grammar import GrammarQueue, PendingMask, accept, pending_mask
 from sluice.runtime.scheduler.overlap import InFlight, Launched
 from sluice.runtime.scheduler.policy import PolicyConfig
@@ -219,6 +224,10 @@ class Scheduler:
                 self.prefill.add(req)
             for req, reason in failed:
                 self._finish(req, reason)
+        if self.config.policy.name == "priority" and self._must_preempt():
+            if not allow_retract:
+                return NEED_SYNC
+            self._preempt()
         decoding = self.decode.runnable
         mixed = self.config.mixed_chunk
         prefill: PrefillBatch | None = None
@@ -259,23 +268,45 @@ class Scheduler:
                 self.counters.cached_prompt_tokens += start
                 self._queue_times.append(max(0.0, now - req.arrival_time))
         # prompts completing here decode next; their first token is sampled by this batch
-        self.decode.add([r for r, done in zip(batch.reqs, batch.complete, strict=True) if done])
+        # (a prefill-only request, max_new_tokens 0, is done once its prompt is computed)
+        self.decode.add([r for r, done in zip(batch.reqs, batch.complete, strict=True)
+                         if done and r.sampling.max_new_tokens > 0])  # fmt: skip
         return batch
+
+    def _must_preempt(self) -> bool:
+        """The most important waiting request does not fit, and a less important one runs."""
+        head = self.prefill.head()
+        if head is None or self.prefill.fits(head, self.decode.reserved_tokens()):
+            return False
+        return any(r.sampling.priority > head.sampling.priority for r in self.decode.running.values())
+
+    def _preempt(self) -> None:
+        head = self.prefill.head()
+        assert head is not None
+        retraction = self.decode.preempt(
+            lambda r: r.sampling.priority > head.sampling.priority,
+            lambda: self.prefill.fits(head, self.decode.reserved_tokens()),
+        )
+        self._record_retraction(retraction, why="preempted by priority")
 
     def _after_decode_schedule(self, decode: DecodeRows) -> None:
         for req in decode.given_up:
             self._finish(req, FinishReason("abort", message="the KV pool cannot hold this request"))
             logger.warning("request aborted rid=%s reason=kv-pool-too-small", req.rid)
-        r = decode.retraction
-        if r is None or not r.reqs:
+        if decode.retraction is not None:
+            self._record_retraction(decode.retraction, why="KV pool exhausted")
+
+    def _record_retraction(self, r: Retraction, why: str) -> None:
+        if not r.reqs:
             return
-        self._retracted = [q.rid for q in r.reqs]
+        self._retracted += [q.rid for q in r.reqs]
         self.counters.retractions_total += len(r.reqs)
         self.counters.retracted_tokens_total += r.freed_tokens
         self.prefill.requeue_front(r.reqs)
         logger.info(
-            "retracted requests=%d tokens=%d running=%d new_token_ratio=%.3f->%.3f",
+            "retracted requests=%d tokens=%d running=%d new_token_ratio=%.3f->%.3f reason=%s",
             len(r.reqs), r.freed_tokens, len(self.decode.running), r.ratio_before, r.ratio_after,
+            why,
         )
 
     @staticmethod
@@ -289,7 +320,10 @@ class Scheduler:
             reqs += prefill.reqs
             starts += prefill.starts
             lens += prefill.lens
-            sample += prefill.complete
+            sample += [
+                done and r.sampling.max_new_tokens > 0
+                for r, done in zip(prefill.reqs, prefill.complete, strict=True)
+            ]
         return ScheduledBatch(reqs, starts, lens, sample, n) if reqs else None
 
     # ---- running and processing ---------------------------------------------------------
@@ -305,7 +339,7 @@ class Scheduler:
             pending.fill(self.grammars)  # type: ignore[arg-type]
             pending = None
         self._mask_to_fill = pending
-        result: Future[ForwardOutput] = self.executor.submit(fi)
+        result = self.executor.submit(fi)
         self.inflight.launch(batch, result)
 
     def _fill_mask(self) -> None:
@@ -333,6 +367,8 @@ class Scheduler:
                 if out.prompt_logprobs:
                     req.input_logprobs.extend(out.prompt_logprobs[i])
             if not batch.sample[i]:  # an intermediate chunk samples no token
+                if req.sampling.max_new_tokens == 0 and batch.starts[i] + batch.lens[i] == req.seq_len:
+                    self._finish(req, FinishReason("length"))  # prefill only: the prompt is in
                 continue
             token, logprob, top = next(sampled)
             if req.is_finished:  # finished or aborted while this forward ran: drop the token

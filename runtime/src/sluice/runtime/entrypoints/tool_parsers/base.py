@@ -122,3 +122,24 @@ class ContentStream:
         text = "".join(self.out)
         self.out = []
         return text
+
+
+@dataclass
+class ScanningToolParser(StreamingToolParser):
+    """A parser that scans its growing text `buffer` from `pos` one step at a time: `feed`
+    appends the delta and runs `_step` until it needs more text."""
+
+    buffer: str = ""
+    pos: int = 0
+    content: ContentStream = field(default_factory=ContentStream)
+
+    def feed(self, text: str) -> StreamDelta:
+        self.buffer += text
+        deltas: list[ToolCallDelta] = []
+        while self._step(deltas):
+            pass
+        return StreamDelta(self.content.take(), tuple(deltas))
+
+    @abstractmethod
+    def _step(self, deltas: list[ToolCallDelta]) -> bool:
+        """Consume what the buffer allows, appending call deltas; False when it needs more."""

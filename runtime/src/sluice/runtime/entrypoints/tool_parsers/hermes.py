@@ -8,10 +8,10 @@ dropped. A block cut off by max_tokens keeps the arguments written so far.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sluice.runtime.entrypoints.tool_parsers.base import (
-    ContentStream,
+    ScanningToolParser,
     StreamDelta,
     StreamingToolParser,
     ToolCallDelta,
@@ -23,21 +23,11 @@ START, END = "<tool_call>", "</tool_call>"
 
 
 @dataclass
-class HermesStream(StreamingToolParser):
-    buffer: str = ""
-    pos: int = 0
+class HermesStream(ScanningToolParser):
     mode: str = "content"  # content | call | after | broken
     block_start: int = 0  # index of the current block's START tag
     emitter: CallEmitter | None = None
     calls: int = 0
-    content: ContentStream = field(default_factory=ContentStream)
-
-    def feed(self, text: str) -> StreamDelta:
-        self.buffer += text
-        deltas: list[ToolCallDelta] = []
-        while self._step(deltas):
-            pass
-        return StreamDelta(self.content.take(), tuple(deltas))
 
     def _step(self, deltas: list[ToolCallDelta]) -> bool:  # noqa: C901
         buf = self.buffer

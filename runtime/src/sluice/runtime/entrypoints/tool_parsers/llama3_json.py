@@ -5,10 +5,10 @@ begin with `{` (or the tag) is plain content; text after the calls is content to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sluice.runtime.entrypoints.tool_parsers.base import (
-    ContentStream,
+    ScanningToolParser,
     StreamDelta,
     StreamingToolParser,
     ToolCallDelta,
@@ -20,7 +20,7 @@ PYTHON_TAG = "<|python_tag|>"
 
 
 @dataclass
-class SequenceStream(StreamingToolParser):
+class SequenceStream(ScanningToolParser):
     """Call objects one after another, `separators` between them; `opener` (if any) must
     come first and `closer` ends the sequence. Anything else turns the rest into content."""
 
@@ -28,19 +28,9 @@ class SequenceStream(StreamingToolParser):
     opener: str = ""
     closer: str = ""
     tag: str = ""  # an optional prefix before the first call
-    buffer: str = ""
-    pos: int = 0
     mode: str = "start"  # start | calls | sep | content | done
     emitter: CallEmitter | None = None
     calls: int = 0
-    content: ContentStream = field(default_factory=ContentStream)
-
-    def feed(self, text: str) -> StreamDelta:
-        self.buffer += text
-        deltas: list[ToolCallDelta] = []
-        while self._step(deltas):
-            pass
-        return StreamDelta(self.content.take(), tuple(deltas))
 
     def _step(self, deltas: list[ToolCallDelta]) -> bool:  # noqa: C901
         buf = self.buffer

@@ -12,6 +12,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "cpu_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,50 +22,17 @@
 
 namespace {
 
-inline float to_f(float x) { return x; }
-inline float to_f(c10::BFloat16 x) {
-  uint32_t u = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
+using sluice_cpu::exp_nonpositive;
+using sluice_cpu::store;
+using sluice_cpu::to_f;
 
-// round to the storage type and back (round to nearest even, as torch does; inputs here
-// are finite)
+// round to the storage type and back
 inline float round_as(float x, float) { return x; }
 inline float round_as(float x, c10::BFloat16) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  const uint32_t u = sluice_cpu::round_bf16_bits(x);
   float f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
-}
-
-inline void store(float x, float* dst) { *dst = x; }
-inline void store(float x, c10::BFloat16* dst) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  dst->x = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-// exp(x) for x <= 0, vectorisable (see paged_attention.cpp)
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
 }
 
 template <typename T>

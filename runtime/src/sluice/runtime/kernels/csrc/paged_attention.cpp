@@ -22,6 +22,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "cpu_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -44,25 +46,7 @@ inline void prefetch_row(const T* row, int n) {
   for (int off = 0; off < n * static_cast<int>(sizeof(T)); off += 64) __builtin_prefetch(p + off);
 }
 
-// exp(x) for x <= 0 (softmax arguments), vectorisable: 2^n * e^r with a degree-7 Taylor
-// polynomial on |r| <= ln2/2 (relative error < 1e-7); x below -87 gives 0.
-inline float fast_exp(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
+using sluice_cpu::exp_nonpositive;
 
 // 16 floats as one value (GCC/Clang vector extension): one zmm register with AVX-512, split
 // into narrower registers by the compiler elsewhere. Loads and stores go through memcpy, so
@@ -217,11 +201,11 @@ void run_unit(const Problem& p, const Unit& u, const scalar_t* q, const cache_t*
       float block_max = kNegInf;
       for (int j = 0; j < visible; ++j) block_max = std::max(block_max, s[j]);
       const float new_max = std::max(m[r], block_max);
-      const float alpha = m[r] == kNegInf ? 0.0f : fast_exp(m[r] - new_max);
+      const float alpha = m[r] == kNegInf ? 0.0f : exp_nonpositive(m[r] - new_max);
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
       for (int j = 0; j < visible; ++j) {
-        const float e = fast_exp(s[j] - new_max);
+        const float e = exp_nonpositive(s[j] - new_max);
         s[j] = e;
         sum += e;
       }
@@ -407,75 +391,34 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), units.size()));
   const std::vector<int64_t> bounds = balance(units, threads);
 
-  AT_DISPATCH_SWITCH(q.scalar_type(), "paged_attention_q",
-    AT_DISPATCH_CASE(at::kFloat, [&] {
-      using scalar_t_ = float;
-      AT_DISPATCH_SWITCH(k_cache.scalar_type(), "paged_attention_kv",
-        AT_DISPATCH_CASE(at::kFloat, [&] {
-          at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
-            for (int64_t t = b; t < e; ++t)
-              for (int64_t i = bounds[t]; i < bounds[t + 1]; ++i)
-                run_unit_any<scalar_t_, float>(p, units[i], q.data_ptr<scalar_t_>(),
-                  k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                  out.data_ptr<scalar_t_>(), part_acc.data(), part_ml.data());
-          });
-        })
-        AT_DISPATCH_CASE(at::kBFloat16, [&] {
-          at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
-            for (int64_t t = b; t < e; ++t)
-              for (int64_t i = bounds[t]; i < bounds[t + 1]; ++i)
-                run_unit_any<scalar_t_, c10::BFloat16>(p, units[i], q.data_ptr<scalar_t_>(),
-                  k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>(),
-                  out.data_ptr<scalar_t_>(), part_acc.data(), part_ml.data());
-          });
-        }));
-    })
-    AT_DISPATCH_CASE(at::kBFloat16, [&] {
-      using scalar_t_ = c10::BFloat16;
-      AT_DISPATCH_SWITCH(k_cache.scalar_type(), "paged_attention_kv",
-        AT_DISPATCH_CASE(at::kFloat, [&] {
-          at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
-            for (int64_t t = b; t < e; ++t)
-              for (int64_t i = bounds[t]; i < bounds[t + 1]; ++i)
-                run_unit_any<scalar_t_, float>(p, units[i], q.data_ptr<scalar_t_>(),
-                  k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                  out.data_ptr<scalar_t_>(), part_acc.data(), part_ml.data());
-          });
-        })
-        AT_DISPATCH_CASE(at::kBFloat16, [&] {
-          at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
-            for (int64_t t = b; t < e; ++t)
-              for (int64_t i = bounds[t]; i < bounds[t + 1]; ++i)
-                run_unit_any<scalar_t_, c10::BFloat16>(p, units[i], q.data_ptr<scalar_t_>(),
-                  k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>(),
-                  out.data_ptr<scalar_t_>(), part_acc.data(), part_ml.data());
-          });
-        }));
-    }));
+  sluice_cpu::dispatch_float_or_bf16(q.scalar_type(), "q", [&](auto q_type) {
+    using scalar_t = decltype(q_type);
+    sluice_cpu::dispatch_float_or_bf16(k_cache.scalar_type(), "the KV cache", [&](auto kv_type) {
+      using cache_t = decltype(kv_type);
+      at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t)
+          for (int64_t i = bounds[t]; i < bounds[t + 1]; ++i)
+            run_unit_any<scalar_t, cache_t>(p, units[i], q.data_ptr<scalar_t>(),
+              k_cache.data_ptr<cache_t>(), v_cache.data_ptr<cache_t>(),
+              out.data_ptr<scalar_t>(), part_acc.data(), part_ml.data());
+      });
+    });
+  });
 
   if (partial_rows == 0) return out;
   std::vector<int64_t> firsts;  // the first unit of every split query block
   for (size_t i = 0; i < units.size(); ++i)
     if (units[i].partial >= 0 && units[i].chunk == 0) firsts.push_back(static_cast<int64_t>(i));
-  AT_DISPATCH_SWITCH(q.scalar_type(), "paged_attention_merge",
-    AT_DISPATCH_CASE(at::kFloat, [&] {
-      at::parallel_for(0, firsts.size(), 1, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-          const Unit& u = units[firsts[i]];
-          merge_chunks<float>(p, u, (u.q_end - u.q_begin) * group, part_acc.data(),
-                              part_ml.data(), out.data_ptr<float>());
-        }
-      });
-    })
-    AT_DISPATCH_CASE(at::kBFloat16, [&] {
-      at::parallel_for(0, firsts.size(), 1, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-          const Unit& u = units[firsts[i]];
-          merge_chunks<c10::BFloat16>(p, u, (u.q_end - u.q_begin) * group, part_acc.data(),
-                                      part_ml.data(), out.data_ptr<c10::BFloat16>());
-        }
-      });
-    }));
+  sluice_cpu::dispatch_float_or_bf16(q.scalar_type(), "q", [&](auto q_type) {
+    using scalar_t = decltype(q_type);
+    at::parallel_for(0, firsts.size(), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const Unit& u = units[firsts[i]];
+        merge_chunks<scalar_t>(p, u, (u.q_end - u.q_begin) * group, part_acc.data(),
+                               part_ml.data(), out.data_ptr<scalar_t>());
+      }
+    });
+  });
   return out;
 }
 
