@@ -76,11 +76,18 @@ def main() -> int:
     p.add_argument("--calibration", default="", help="use this calibration instead of calibrating")
     p.add_argument("--base-url", default="http://127.0.0.1:30517")
     p.add_argument("--output-file", default="", help="the table's numbers as JSON")
+    p.add_argument("--num-prompts", type=int, default=0, help="every workload with this many requests (0: its own)")
     args = p.parse_args()
+    if args.num_prompts < 0:
+        p.error("--num-prompts must be >= 0")
     folder = ROOT / args.folder
     folder.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     chosen = WORKLOADS if args.workloads == "all" else [w for w in WORKLOADS if w.name in args.workloads.split(",")]
+    if not chosen:
+        p.error(f"--workloads: choose from {', '.join(w.name for w in WORKLOADS)} or all")
+    if args.num_prompts:
+        chosen = [with_prompts(w, args.num_prompts) for w in chosen]
     report: dict = {"load_average": {"start": load()}, "workloads": []}
     cal = Path(args.calibration) if args.calibration else folder / "calibration.json"
     if not args.calibration:
@@ -119,6 +126,13 @@ def main() -> int:
     if args.output_file:
         Path(args.output_file).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def with_prompts(w: Workload, n: int) -> Workload:
+    """`w` with `n` requests (the same lengths, rate and server flags)."""
+    flags = list(w.flags)
+    flags[flags.index("--num-prompts") + 1] = str(n)
+    return Workload(w.name, f"{w.what} (here {n} requests)", tuple(flags), w.server_flags)
 
 
 def format_row(row: dict) -> str:

@@ -103,6 +103,13 @@ def test_enums_match_the_runtime_and_operator_constants(crd):
     assert tuple(status["phase"]["enum"]) == c.PHASES
 
 
+def test_the_default_autoscaling_metrics_are_the_operators(crd):
+    """One default, in the CRD and in the operator (docs/autoscaling.md records the `sluice
+    plan` run it comes from)."""
+    metrics = spec_schema(crd)["properties"]["autoscaling"]["properties"]["metrics"]
+    assert [(m["type"], m["target"]) for m in metrics["default"]] == list(c.DEFAULT_METRICS)
+
+
 def test_cel_lists_match_the_operator(crd):
     spec = spec_schema(crd)["properties"]
     flags_rule = spec["runtime"]["properties"]["extraArgs"]["x-kubernetes-validations"][0]["rule"]
