@@ -2,7 +2,7 @@
 what cost in replica-hours.
 
     sluice plan --calibration calibration.json [--trace-file rates.txt | --traffic bursty]
-        [--policy hpa:queueDepth=8 saturation cpu:80 static:4]
+        [--policy hpa:queueDepth=2 saturation cpu:80 static:4]
         [--ttft-slo 2 --itl-slo 0.25] [sluice serve's scheduling flags] --output-file plan.json
 
 Every policy replays the same requests (same seed: same arrivals, prompts and lengths).
@@ -25,7 +25,7 @@ from sluice.runtime.sim.calibration import Calibration
 from sluice.runtime.sim.server_flags import SCHEDULING_FLAGS, add_server_flags, server_args_from
 
 TRAFFIC_KINDS = ("bursty", "diurnal", "constant")
-DEFAULT_POLICIES = ("hpa:queueDepth=8", "hpa:kvTokenUsage=0.8", "saturation", "cpu:80", "static:4")
+DEFAULT_POLICIES = ("hpa:queueDepth=2", "hpa:queueDepth=8", "hpa:kvTokenUsage=0.8", "saturation", "cpu:80", "static:4")
 
 
 @dataclass(frozen=True)
