@@ -35,7 +35,7 @@ class PagedSession:
     pages: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        c = self.model.config
+        c = getattr(self.model, "local_config", self.model.config)  # this rank's KV heads
         self.allocator = TokenToKVPoolAllocator(self.max_total_tokens, self.page_size)
         self.kv = KVBuffers(self.allocator.num_slots, c.num_hidden_layers, c.num_key_value_heads,
                             c.head_dim, self.dtype, self.device)  # fmt: skip

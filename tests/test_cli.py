@@ -37,7 +37,7 @@ def test_defaults_parse_into_valid_args():
         (["serve", "--page-size", "0"], "--page-size"),
         (["serve", "--max-running-requests", "0"], "--max-running-requests"),
         (["serve", "--mem-fraction-static", "1.5"], "--mem-fraction-static"),
-        (["serve", "--tensor-parallel-size", "2"], "--tensor-parallel-size"),
+        (["serve", "--tensor-parallel-size", "0"], "--tensor-parallel-size"),
     ],
 )
 def test_bad_values_exit_2_with_the_flag_named(argv, message, capsys):

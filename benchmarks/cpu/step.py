@@ -41,7 +41,7 @@ class Runner:
 
     @classmethod
     def create(cls, model, batch: int, context: int, kv_dtype: torch.dtype) -> Runner:
-        c = model.config
+        c = getattr(model, "local_config", model.config)  # a tensor-parallel rank's KV heads
         kv = KVBuffers(batch * context + 1, c.num_hidden_layers, c.num_key_value_heads,
                        c.head_dim, kv_dtype, "cpu")  # fmt: skip
         table = (1 + torch.arange(batch * context, dtype=torch.int32)).view(batch, context)

@@ -50,6 +50,7 @@ def needed(p: Permission, clusterwide: bool, peering: bool, podmonitors: bool) -
         "always": True,
         "namespaces": not clusterwide,
         "podmonitors": podmonitors,
+        "inferencepools": True,  # rbac.inferencePools' default
         "peering": peering and (p.scope == "cluster") == clusterwide,
     }[p.when]
 
@@ -146,13 +147,29 @@ def test_what_the_operator_never_does_is_denied():
             ("sluice.dev", "inferenceservices", "patch"),  # only status and scale are written
             ("policy", "poddisruptionbudgets", "delete"),  # there is always one
             ("", "configmaps", "create"),
-            ("apps", "deployments", "delete"),  # garbage collection deletes them
+            ("apps", "deployments", "update"),  # server-side apply patches
             ("sluice.dev", "inferenceservices", "delete"),
             ("sluice.dev", "inferenceservices", "create"),
-            ("rbac.authorization.k8s.io", "roles", "create"),
+            # the router's Role is created, but nothing beyond what the operator holds
+            ("rbac.authorization.k8s.io", "roles", "bind"),
+            ("rbac.authorization.k8s.io", "roles", "escalate"),
+            ("rbac.authorization.k8s.io", "clusterroles", "create"),
+            ("rbac.authorization.k8s.io", "clusterrolebindings", "create"),
+            ("discovery.k8s.io", "endpointslices", "create"),  # only read, for the router's Role
+            ("", "serviceaccounts/token", "create"),
             ("apiextensions.k8s.io", "customresourcedefinitions", "create"),
         ]:
             assert not allows(objects, "team-a", group, resource, verb), (group, resource, verb)
+
+
+def test_the_inference_pool_rule_follows_its_switch():
+    values = values_for(True, False, True)
+    on = render_objects(values)
+    off = render_objects({**values, "rbac": {**values["rbac"], "inferencePools": False}})
+    pool = ("inference.networking.k8s.io", "inferencepools", "create")
+    assert allows(on, "team-a", *pool)
+    assert not allows(off, "team-a", *pool)
+    assert allows(off, "team-a", "rbac.authorization.k8s.io", "roles", "create")  # the router's
 
 
 def test_namespaced_operator_gets_nothing_outside_its_namespaces():

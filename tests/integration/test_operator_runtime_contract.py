@@ -40,8 +40,6 @@ def parsed(command: list[str]) -> ServerArgs:
 @pytest.mark.parametrize("spec", [s for _, s in SPECS], ids=[i for i, _ in SPECS])
 def test_every_rendered_command_parses_with_the_runtimes_parser(spec):
     isvc = parse_spec("demo", "default", spec, default_image="sluice:test")
-    if isvc.runtime.tensor_parallel_size > 1:
-        pytest.xfail("tensor parallelism is not in the runtime yet (rejected at start-up)")
     args = parsed(runtime_command(spec))
     assert args.host == "0.0.0.0" and args.port == 30000
     assert args.device == isvc.resources.device

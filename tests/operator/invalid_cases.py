@@ -275,4 +275,52 @@ INVALID_CASES: list[tuple[str, str, dict[str, Any], str]] = [
         _spec(networkPolicy={"enabled": True, "allowedNamespaces": ["Team_A"]}),
         "spec.networkPolicy.allowedNamespaces[0]",
     ),
+    (
+        "router-policy-unknown",
+        "chat",
+        _spec(router={"enabled": True, "policy": "fastest"}),
+        "spec.router.policy",
+    ),
+    (
+        "router-no-replicas",
+        "chat",
+        _spec(router={"enabled": True, "replicas": 0}),
+        "spec.router.replicas",
+    ),  # fmt: skip
+    (
+        "router-unknown-field",
+        "chat",
+        _spec(router={"enabled": True, "workers": 2}),
+        "spec.router",
+    ),  # fmt: skip
+    (
+        "router-bad-cpu",
+        "chat",
+        _spec(router={"enabled": True, "resources": {"cpu": "lots"}}),
+        "spec.router.resources.cpu",
+    ),  # fmt: skip
+    (
+        "router-name-too-long",
+        "a" * 46,
+        _spec(router={"enabled": True}),
+        "must be at most 45 characters with spec.router.enabled",
+    ),
+    (
+        "inference-pool-failure-mode-unknown",
+        "chat",
+        _spec(inferencePool={"enabled": True, "endpointPickerRef": {"failureMode": "Retry"}}),
+        "spec.inferencePool.endpointPickerRef.failureMode",
+    ),
+    (
+        "inference-pool-epp-bad-name",
+        "chat",
+        _spec(inferencePool={"enabled": True, "endpointPickerRef": {"name": "EPP_1"}}),
+        "spec.inferencePool.endpointPickerRef.name",
+    ),
+    (
+        "inference-pool-metrics-compat-in-extra-args",
+        "chat",
+        _spec(inferencePool={"enabled": True}, runtime={"extraArgs": ["--metrics-compat=none"]}),
+        "--metrics-compat is set by the operator while spec.inferencePool.enabled",
+    ),
 ]

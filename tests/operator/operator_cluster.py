@@ -71,6 +71,26 @@ CORE_RESOURCES: dict[str, kmock.ResourceInfo] = {
         namespaced=True,
         verbs={"create", "get", "list", "watch", "patch", "delete"},
     ),
+    "v1/serviceaccounts": kmock.ResourceInfo(
+        kind="ServiceAccount",
+        namespaced=True,
+        verbs={"create", "get", "list", "watch", "patch", "delete"},
+    ),
+    "rbac.authorization.k8s.io/v1/roles": kmock.ResourceInfo(
+        kind="Role",
+        namespaced=True,
+        verbs={"create", "get", "list", "watch", "patch", "delete"},
+    ),
+    "rbac.authorization.k8s.io/v1/rolebindings": kmock.ResourceInfo(
+        kind="RoleBinding",
+        namespaced=True,
+        verbs={"create", "get", "list", "watch", "patch", "delete"},
+    ),
+    "discovery.k8s.io/v1/endpointslices": kmock.ResourceInfo(
+        kind="EndpointSlice",
+        namespaced=True,
+        verbs={"create", "get", "list", "watch", "patch", "delete"},
+    ),
     "apiextensions.k8s.io/v1/customresourcedefinitions": kmock.ResourceInfo(
         kind="CustomResourceDefinition",
         namespaced=False,
@@ -80,6 +100,12 @@ CORE_RESOURCES: dict[str, kmock.ResourceInfo] = {
 PODMONITOR_RESOURCE = "monitoring.coreos.com/v1/podmonitors"
 PODMONITOR_INFO = kmock.ResourceInfo(
     kind="PodMonitor",
+    namespaced=True,
+    verbs={"create", "get", "list", "watch", "patch", "delete"},
+)
+INFERENCEPOOL_RESOURCE = "inference.networking.k8s.io/v1/inferencepools"
+INFERENCEPOOL_INFO = kmock.ResourceInfo(
+    kind="InferencePool",
     namespaced=True,
     verbs={"create", "get", "list", "watch", "patch", "delete"},
 )
@@ -304,6 +330,11 @@ _PLURALS = {
     "Pod": "pods",
     "ReplicaSet": "replicasets",
     "NetworkPolicy": "networkpolicies",
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "EndpointSlice": "endpointslices",
+    "InferencePool": "inferencepools",
 }
 
 

@@ -131,6 +131,16 @@ def test_bounds_match_the_operator(crd):
     assert spec["runtime"]["properties"]["extraArgs"]["maxItems"] == c.MAX_EXTRA_ARGS
     rule = version(crd)["schema"]["openAPIV3Schema"]["x-kubernetes-validations"][0]["rule"]
     assert f"<= {c.MAX_NAME_LENGTH}" in rule
+    routed = version(crd)["schema"]["openAPIV3Schema"]["x-kubernetes-validations"][2]["rule"]
+    assert f"<= {c.MAX_ROUTED_NAME_LENGTH}" in routed and "spec.router.enabled" in routed
+    router = spec["router"]["properties"]
+    assert router["replicas"]["maximum"] == c.MAX_ROUTER_REPLICAS
+    assert router["replicas"]["default"] == c.DEFAULT_ROUTER_REPLICAS
+    assert router["policy"]["default"] == c.DEFAULT_ROUTER_POLICY
+    assert tuple(router["policy"]["enum"]) == rc.ROUTER_POLICIES
+    picker = spec["inferencePool"]["properties"]["endpointPickerRef"]["properties"]
+    assert tuple(picker["failureMode"]["enum"]) == c.EPP_FAILURE_MODES
+    assert picker["port"]["default"] == c.DEFAULT_EPP_PORT
 
 
 @pytest.mark.parametrize(
@@ -146,10 +156,30 @@ def test_bounds_match_the_operator(crd):
         },
         {"model": {"source": "bundled://smollm2-135m"}, "resources": {"gpus": 2}},
         {"model": {"source": "bundled://smollm2-135m"}, "networkPolicy": {"enabled": True}},
-        {"model": {"source": "bundled://smollm2-135m"}, "autoscaling": {"enabled": True, "policy": "saturation"}},
+        {"model": {"source": "bundled://smollm2-135m"}, "router": {"enabled": True}},
+        {"model": {"source": "bundled://smollm2-135m"}, "inferencePool": {"enabled": True}},
+        {
+            "model": {"source": "bundled://smollm2-135m"},
+            "inferencePool": {"enabled": True, "endpointPickerRef": {"name": "e"}},
+        },
+        {
+            "model": {"source": "bundled://smollm2-135m"},
+            "autoscaling": {"enabled": True, "policy": "saturation"},
+        },
     ],
-    ids=["bundled", "hf", "pvc", "autoscaling", "behavior", "gpus-without-tp", "network-policy",
-         "saturation"],
+    ids=[
+        "bundled",
+        "hf",
+        "pvc",
+        "autoscaling",
+        "behavior",
+        "gpus-without-tp",
+        "network-policy",
+        "router",
+        "inference-pool",
+        "endpoint-picker",
+        "saturation",
+    ],  # fmt: skip
 )
 def test_crd_defaults_agree_with_the_operator_defaults(crd_validator, spec):
     obj = isvc_object()
@@ -287,6 +317,16 @@ def test_a_valid_object_with_every_field_passes(crd_validator):
             "enabled": True,
             "allowedNamespaces": ["apps"],
             "monitoringNamespace": "obs",
+        },
+        router={
+            "enabled": True,
+            "replicas": 2,
+            "policy": "least-load",
+            "resources": {"cpu": "500m", "memory": "512Mi"},
+        },
+        inferencePool={
+            "enabled": True,
+            "endpointPickerRef": {"name": "shared-epp", "port": 9100, "failureMode": "FailOpen"},
         },
         env=[
             {"name": "LOG_LEVEL", "value": "debug"},

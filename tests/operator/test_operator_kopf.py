@@ -17,6 +17,7 @@ from kopf_testkit import (
     DEPLOYMENT,
     HANDOVER,
     HPA,
+    INFERENCEPOOL,
     ISVC,
     NETWORKPOLICY,
     OLD_IMAGE,
@@ -24,7 +25,10 @@ from kopf_testkit import (
     PDB,
     PODMONITOR,
     RESYNC_S,
+    ROLE,
+    ROLEBINDING,
     SERVICE,
+    SERVICEACCOUNT,
     WAIT_S,
     ErrorLog,
     as_an_older_operator_left_it,
@@ -36,12 +40,19 @@ from kopf_testkit import (
     patch_spec,
     rbac_needs,
     replicas_owners,
+    report_replicas,
     report_rollout,
     run_pod,
     runtime_container,
     status,
 )
-from operator_cluster import PODMONITOR_INFO, PODMONITOR_RESOURCE, wait_for
+from operator_cluster import (
+    INFERENCEPOOL_INFO,
+    INFERENCEPOOL_RESOURCE,
+    PODMONITOR_INFO,
+    PODMONITOR_RESOURCE,
+    wait_for,
+)
 from operator_testkit import IMAGE, load_crd
 from operator_validators import k8s_validate
 
@@ -351,18 +362,27 @@ def test_podmonitor_is_created_when_the_api_appears(cluster, ns):
 IMPLIED = {
     # ownerReferences with blockOwnerDeletion, under OwnerReferencesPermissionEnforcement
     ("sluice.dev", "inferenceservices/finalizers", "update"),
-    # deleting our PodMonitor happens only with SLUICE_POD_MONITORS=never
-    ("monitoring.coreos.com", "podmonitors", "delete"),
+    # held only so that RBAC lets the operator grant them in the router's Role
+    ("discovery.k8s.io", "endpointslices", "get"),
+    ("discovery.k8s.io", "endpointslices", "list"),
+    ("discovery.k8s.io", "endpointslices", "watch"),
 }
 
 
 def test_every_write_is_valid_and_the_rbac_table_is_exact(cluster, ns):
     cluster.declare(PODMONITOR_RESOURCE, PODMONITOR_INFO)
+    cluster.declare(INFERENCEPOOL_RESOURCE, INFERENCEPOOL_INFO)
     try:
         create(cluster, ns, "chat", autoscaling={"enabled": True, "minReplicas": 2},
-               networkPolicy={"enabled": True})  # fmt: skip
-        for what in (HPA, PDB, PODMONITOR, NETWORKPOLICY):
+               networkPolicy={"enabled": True}, router={"enabled": True},
+               inferencePool={"enabled": True})  # fmt: skip
+        for what in (HPA, PDB, PODMONITOR, NETWORKPOLICY, INFERENCEPOOL):
             wait_for(lambda w=what: get(cluster, w, ns, "chat"), what=what[1])
+        for what in (DEPLOYMENT, SERVICEACCOUNT, ROLE, ROLEBINDING, PODMONITOR, NETWORKPOLICY):
+            wait_for(lambda w=what: get(cluster, w, ns, "chat-router"), what=f"router {what[1]}")
+        report_replicas(cluster, ns, "chat-router", replicas=1, available=1)
+        wait_for(lambda: condition(cluster, ns, "chat", "RouterReady")["status"] == "True",
+                 what="the router ready")  # fmt: skip
         wait_for(
             lambda: HANDOVER in replicas_owners(get(cluster, DEPLOYMENT, ns, "chat")),
             what="the hand-over",
@@ -373,20 +393,24 @@ def test_every_write_is_valid_and_the_rbac_table_is_exact(cluster, ns):
             cluster,
             ns,
             "chat",
-            {"autoscaling": {"enabled": False}, "networkPolicy": {"enabled": False}},
-        )
+            {"autoscaling": {"enabled": False}, "networkPolicy": {"enabled": False},
+             "router": {"enabled": False}, "inferencePool": {"enabled": False}},
+        )  # fmt: skip
+        wait_for(lambda: get(cluster, DEPLOYMENT, ns, "chat-router") is None, what="no router")
+        wait_for(lambda: get(cluster, INFERENCEPOOL, ns, "chat") is None, what="no pool")
         wait_for(lambda: get(cluster, HPA, ns, "chat") is None, what="the HPA deleted")
         wait_for(lambda: get(cluster, NETWORKPOLICY, ns, "chat") is None, what="the policy deleted")
         wait_for(lambda: get(cluster, ISVC, ns, "chat")["spec"]["replicas"] == 2, what="hand-back")
         wait_for(lambda: status(cluster, ns, "chat").get("observedGeneration") == 3, what="status")
     finally:
         cluster.undeclare(PODMONITOR_RESOURCE)
+        cluster.undeclare(INFERENCEPOOL_RESOURCE)
     calls = [r for r in cluster.requests() if r["user_agent"].startswith(OPERATOR_AGENTS)]
 
     applied = [r for r in calls if "apply-patch" in r["content_type"]]
     assert {r["data"]["kind"] for r in applied} == {
         "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "PodMonitor",
-        "NetworkPolicy",
+        "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding", "InferencePool",
     }  # fmt: skip
     for request in applied:
         if request["params"]["fieldManager"] == HANDOVER:  # a partial object by design
@@ -396,7 +420,7 @@ def test_every_write_is_valid_and_the_rbac_table_is_exact(cluster, ns):
         params = dict(request["params"])
         assert params.pop("dryRun", "All") == "All"  # a dry run checks whether pods would change
         assert params == {"fieldManager": "sluice-operator", "force": "true"}
-        if request["data"]["kind"] != "PodMonitor":  # not a built-in kind
+        if request["data"]["kind"] not in ("PodMonitor", "InferencePool"):  # not built-in
             k8s_validate(request["data"])
     posted = [r for r in calls if r["method"] == "POST" and r["path"].endswith("/events")]
     assert posted
@@ -413,7 +437,7 @@ def test_every_write_is_valid_and_the_rbac_table_is_exact(cluster, ns):
         written = {k: v for k, v in request["data"]["status"].items() if v is not None}
         jsonschema.Draft4Validator(crd_status["status"]).validate(written)  # null deletes
 
-    enabled = frozenset({"always", "podmonitors"})
+    enabled = frozenset({"always", "podmonitors", "inferencepools"})
     needed = {need for request in calls for need in rbac_needs(request)}
     for group, resource, verb in needed:
         assert rbac.allows(group, resource, verb, when=enabled), f"{verb} {group}/{resource}"
@@ -428,7 +452,8 @@ def test_every_write_is_valid_and_the_rbac_table_is_exact(cluster, ns):
 
 def test_child_watches_are_filtered_by_label_on_the_server(cluster):
     selector = "app.kubernetes.io/managed-by=sluice-operator"
-    for plural in ("pods", "deployments", "horizontalpodautoscalers", "services"):
+    for plural in ("pods", "deployments", "horizontalpodautoscalers", "services",
+                   "serviceaccounts", "roles", "rolebindings"):  # fmt: skip
         watches = [
             r for r in cluster.requests()
             if r["params"].get("watch") == "true" and r["path"].endswith(f"/{plural}")

@@ -62,19 +62,27 @@ def test_rbac_table_is_well_formed():
     for p in rbac.REQUIRED_PERMISSIONS:
         assert set(p.verbs) <= VERBS, p
         assert p.scope in ("workload", "cluster"), p
-        assert p.when in ("always", "peering", "namespaces", "podmonitors"), p
+        assert p.when in ("always", "peering", "namespaces", "podmonitors", "inferencepools"), p
         assert p.why, p
         assert (p.api_group, p.resource) not in seen, p
         seen.add((p.api_group, p.resource))
 
 
 def test_rbac_grants_nothing_the_operator_does_not_use():
-    assert not rbac.allows("apps", "deployments", "delete")  # GC removes Deployments, not us
+    assert not rbac.allows("apps", "deployments", "update")  # server-side apply patches
+    assert not rbac.allows("rbac.authorization.k8s.io", "roles", "bind")  # held, not bound
+    assert not rbac.allows("rbac.authorization.k8s.io", "clusterroles", "create")
+    assert not rbac.allows("discovery.k8s.io", "endpointslices", "create")  # read, for the router
     assert not rbac.allows("", "secrets", "get")
     assert not rbac.allows("monitoring.coreos.com", "podmonitors", "create")  # only when installed
     assert rbac.allows(
         "monitoring.coreos.com", "podmonitors", "create", when=frozenset({"podmonitors"})
     )
+    assert not rbac.allows("inference.networking.k8s.io", "inferencepools", "create")
+    assert rbac.allows(
+        "inference.networking.k8s.io", "inferencepools", "create",
+        when=frozenset({"inferencepools"}),
+    )  # fmt: skip
 
 
 def test_module_entry_point_has_help(capsys):

@@ -259,6 +259,7 @@ def test_ready_status_reports_counts_url_selector_and_image():
         "selector": "app.kubernetes.io/instance=chat,app.kubernetes.io/name=sluice-runtime",
         "servedModelName": "m",
         "image": "img:1",
+        "router": None,  # spec.router off: cleared
         "observedGeneration": 4,
     }
 

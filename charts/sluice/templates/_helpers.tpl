@@ -91,6 +91,7 @@ Whether a permission of files/operator-rbac.yaml applies to these settings
   always      always;
   namespaces  a namespace list is watched (Kopf resolves namespaces);
   podmonitors rbac.podMonitors (the operator touches PodMonitors where their API exists);
+  inferencepools rbac.inferencePools (InferencePools, where their API exists);
   peering     peering on, and the peering kind that matches the operator's scope:
               cluster-scoped ClusterKopfPeering for a cluster-wide operator,
               namespaced KopfPeering for one that watches a namespace list.
@@ -102,6 +103,7 @@ Whether a permission of files/operator-rbac.yaml applies to these settings
 {{- if eq $p.when "always" }}true
 {{- else if eq $p.when "namespaces" }}{{ if not $clusterwide }}true{{ end }}
 {{- else if eq $p.when "podmonitors" }}{{ if $root.Values.rbac.podMonitors }}true{{ end }}
+{{- else if eq $p.when "inferencepools" }}{{ if $root.Values.rbac.inferencePools }}true{{ end }}
 {{- else if eq $p.when "peering" }}
 {{- if and $root.Values.operator.peering.enabled (eq (eq $p.scope "cluster") (eq $clusterwide "true")) }}true{{ end }}
 {{- else }}

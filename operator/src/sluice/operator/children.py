@@ -4,7 +4,10 @@
 take over an object of the same name that this InferenceService does not own, applies the
 wanted children with server-side apply, and deletes the optional children it owns but no
 longer wants (HPA when autoscaling is off, PodMonitor when monitoring is off,
-NetworkPolicy when the policy is off).
+NetworkPolicy when the policy is off, the router's objects when the router is off, the
+InferencePool when the pool is off). A child is known by its kind and name: the runtime's
+are named after the InferenceService, the router's `<name>-router`, and the Service the
+router discovers the runtime pods from `<name>-workers`.
 
 Failures are typed for the reconcile: `ApiError` (transient or not) passes through;
 `Blocked` means "not now": a child of the same name belongs to someone else, or to a
@@ -14,7 +17,7 @@ Both heal by themselves or by a human, never by a spec change, so they are retri
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,49 +27,106 @@ from . import constants as c
 from .builders import (
     build_deployment,
     build_hpa,
+    build_inferencepool,
     build_networkpolicy,
     build_pdb,
     build_podmonitor,
+    build_router_deployment,
+    build_router_networkpolicy,
+    build_router_podmonitor,
+    build_router_role,
+    build_router_role_binding,
+    build_router_service_account,
     build_service,
+    build_workers_service,
 )
 from .builders.deployment import FROM_SPEC
-from .kube import DEPLOYMENTS, HPAS, NETWORKPOLICIES, PODMONITORS, KubeApi, Resource, resource_of
+from .kube import (
+    DEPLOYMENTS,
+    HPAS,
+    INFERENCEPOOLS,
+    NETWORKPOLICIES,
+    PODMONITORS,
+    ROLEBINDINGS,
+    ROLES,
+    SERVICEACCOUNTS,
+    SERVICES,
+    KubeApi,
+    Resource,
+    resource_of,
+)
 from .spec import InferenceServiceSpec
+
+Key = tuple[str, str]  # (kind, name): which child
+Builder = Callable[[InferenceServiceSpec], dict[str, Any]]
+
+
+def key_of(obj: Mapping[str, Any]) -> Key:
+    return str(obj["kind"]), str(obj["metadata"]["name"])
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Children to apply (in order) and optional child kinds that must not exist."""
+    """Children to apply (in order) and optional children that must not exist."""
 
     apply: tuple[dict[str, Any], ...]
-    remove: tuple[Resource, ...]
+    remove: tuple[tuple[Resource, str], ...]
+
+    @property
+    def keys(self) -> list[Key]:
+        """Every child the plan applies or removes."""
+        return [key_of(obj) for obj in self.apply] + [(r.kind, n) for r, n in self.remove]
 
 
 def plan(
     isvc: InferenceServiceSpec,
     *,
     podmonitors: bool | None,
+    inferencepools: bool | None = None,
     replicas: int | None = FROM_SPEC,
     run_as_user: int | None = c.RUN_AS_USER,
+    to_router: bool = False,
 ) -> Plan:
     """`podmonitors`: True to create one, False to remove ours, None to leave it alone
-    (the PodMonitor API is not served, so there is nothing to create or delete).
-    `replicas`: the Deployment's count (None: left to the HPA; see replicas.py)."""
+    (the PodMonitor API is not served, so there is nothing to create or delete);
+    `inferencepools`: True where the InferencePool API is served (whether the spec wants
+    one decides), None where it is not. `replicas`: the Deployment's count (None: left to
+    the HPA; see replicas.py). `to_router`: the model Service selects the router pods
+    (the reconcile says so once a router replica serves)."""
     wanted: list[dict[str, Any]] = [
         build_deployment(isvc, replicas=replicas, run_as_user=run_as_user),
-        build_service(isvc),
+        build_service(isvc, to_router=to_router and isvc.router.enabled),
         build_pdb(isvc),
     ]
-    unwanted: list[Resource] = []
-    for enabled, builder, resource in (
-        (isvc.autoscaling.enabled, build_hpa, HPAS),
-        (podmonitors, build_podmonitor, PODMONITORS),
-        (isvc.network_policy.enabled, build_networkpolicy, NETWORKPOLICIES),
-    ):
+    routed = isvc.router.enabled
+    name, router = isvc.name, isvc.router_name
+    optional: list[tuple[bool | None, Builder, Resource, str]] = [
+        (isvc.autoscaling.enabled, build_hpa, HPAS, name),
+        (podmonitors, build_podmonitor, PODMONITORS, name),
+        (isvc.network_policy.enabled, build_networkpolicy, NETWORKPOLICIES, name),
+        (routed, build_router_service_account, SERVICEACCOUNTS, router),
+        (routed, build_router_role, ROLES, router),
+        (routed, build_router_role_binding, ROLEBINDINGS, router),
+        (routed, build_workers_service, SERVICES, isvc.workers_service_name),
+        (
+            routed,
+            lambda spec: build_router_deployment(spec, run_as_user=run_as_user),
+            DEPLOYMENTS,
+            router,
+        ),
+        (None if podmonitors is None else podmonitors and routed,
+         build_router_podmonitor, PODMONITORS, router),
+        (isvc.network_policy.enabled and routed, build_router_networkpolicy, NETWORKPOLICIES,
+         router),
+        (None if inferencepools is None else isvc.inference_pool.enabled,
+         build_inferencepool, INFERENCEPOOLS, name),
+    ]  # fmt: skip
+    unwanted: list[tuple[Resource, str]] = []
+    for enabled, builder, resource, child in optional:
         if enabled:
             wanted.append(builder(isvc))
         elif enabled is not None:
-            unwanted.append(resource)
+            unwanted.append((resource, child))
     return Plan(apply=tuple(wanted), remove=tuple(unwanted))
 
 
@@ -96,16 +156,16 @@ def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
 
 
 def check_ownership(
-    the_plan: Plan, existing: Mapping[str, Mapping[str, Any] | None], owner: Mapping[str, Any]
+    the_plan: Plan, existing: Mapping[Key, Mapping[str, Any] | None], owner: Mapping[str, Any]
 ) -> None:
     """Raise Blocked unless every existing object the plan applies is ours (pure). An
     object of a kind the plan removes is only deleted if it is ours, so it blocks nothing."""
     meta = owner["metadata"]
-    for kind in (resource_of(child).kind for child in the_plan.apply):
-        current = existing.get(kind)
+    for kind, name in (key_of(child) for child in the_plan.apply):
+        current = existing.get((kind, name))
         if current is None or owned_by(current, meta["uid"]):
             continue
-        where = f"{kind} {meta['namespace']}/{meta['name']}"
+        where = f"{kind} {meta['namespace']}/{name}"
         ref = controller_of(current)
         if ref is not None and ref[0] == meta["name"]:
             raise Blocked(
@@ -123,45 +183,49 @@ def check_ownership(
 class Applied:
     """What one apply did: the children as stored, and what was created or deleted."""
 
-    objects: dict[str, dict[str, Any]] = field(default_factory=dict)  # by kind
-    created: list[str] = field(default_factory=list)
-    deleted: list[str] = field(default_factory=list)
+    objects: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    created: list[Key] = field(default_factory=list)
+    deleted: list[Key] = field(default_factory=list)
 
 
 async def read_children(
-    api: KubeApi, the_plan: Plan, namespace: str, name: str
-) -> dict[str, dict[str, Any] | None]:
-    """The current object of every kind the plan applies or removes, by kind."""
-    kinds = [resource_of(child) for child in the_plan.apply] + list(the_plan.remove)
-    return {resource.kind: await api.get(resource, namespace, name) for resource in kinds}
+    api: KubeApi, the_plan: Plan, namespace: str
+) -> dict[Key, dict[str, Any] | None]:
+    """The current object of every child the plan applies or removes."""
+    children = [(resource_of(obj), key_of(obj)[1]) for obj in the_plan.apply]
+    children += list(the_plan.remove)
+    return {
+        (resource.kind, name): await api.get(resource, namespace, name)
+        for resource, name in children
+    }
 
 
 async def apply_children(
     api: KubeApi,
     the_plan: Plan,
-    existing: Mapping[str, Mapping[str, Any] | None],
+    existing: Mapping[Key, Mapping[str, Any] | None],
     *,
     owner: Mapping[str, Any],
 ) -> Applied:
     """Apply the plan (ownership already checked against `existing`)."""
     meta = owner["metadata"]
-    namespace, name, owner_uid = meta["namespace"], meta["name"], meta["uid"]
+    namespace, owner_uid = meta["namespace"], meta["uid"]
     children = [dict(child) for child in the_plan.apply]
     kopf.adopt(children, owner=owner)  # type: ignore[arg-type]
     result = Applied()
     for child in children:
-        resource = resource_of(child)
-        result.objects[resource.kind] = await api.apply(child)
-        if existing.get(resource.kind) is None:
-            result.created.append(resource.kind)
-    for resource in the_plan.remove:
-        current = existing.get(resource.kind)
+        key = key_of(child)
+        result.objects[key] = await api.apply(child)
+        if existing.get(key) is None:
+            result.created.append(key)
+    for resource, name in the_plan.remove:
+        current = existing.get((resource.kind, name))
         if current is not None and owned_by(current, owner_uid):
             uid = current["metadata"]["uid"]
             if await api.delete(resource, namespace, name, uid=uid):
-                result.deleted.append(resource.kind)
+                result.deleted.append((resource.kind, name))
     return result
 
 
-def deployment_of(applied: Applied) -> dict[str, Any]:
-    return applied.objects[DEPLOYMENTS.kind]
+def deployment_of(applied: Applied, name: str) -> dict[str, Any]:
+    return applied.objects[(DEPLOYMENTS.kind, name)]

@@ -134,7 +134,31 @@ CONDITION_PROGRESSING = "Progressing"
 CONDITION_DEGRADED = "Degraded"
 CONDITION_TYPES = (CONDITION_READY, CONDITION_AVAILABLE, CONDITION_PROGRESSING, CONDITION_DEGRADED)
 
+CONDITION_ROUTER_READY = "RouterReady"  # only while spec.router.enabled
+
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_APPLY_FAILED = "ApplyFailed"
 REASON_NAME_CONFLICT = "NameConflict"
 REASON_WAITING_FOR_GC = "WaitingForGarbageCollection"
+
+# --- the router in front of the runtime pods (spec.router) -----------------------------------
+ROUTER_APP_NAME = "sluice-router"  # app.kubernetes.io/name of the router pods
+ROUTER_COMPONENT = "router"
+ROUTER_SUFFIX = "-router"  # Deployment, ServiceAccount, Role, RoleBinding: <name>-router
+WORKERS_SUFFIX = "-workers"  # the Service whose EndpointSlices the router watches
+ROUTER_CONTAINER_NAME = "router"
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"  # set on EndpointSlices by their controller
+DEFAULT_ROUTER_REPLICAS = 1
+DEFAULT_ROUTER_POLICY = "cache-aware"
+MAX_ROUTER_REPLICAS = 64
+# the router's Deployment name must stay within MAX_NAME_LENGTH too
+MAX_ROUTED_NAME_LENGTH = MAX_NAME_LENGTH - len(ROUTER_SUFFIX)
+ROUTER_LIVENESS_FAILURE_THRESHOLD = 3
+
+# --- the Gateway API Inference Extension (spec.inferencePool) ---------------------------------
+INFERENCE_GROUP = "inference.networking.k8s.io"
+EPP_SUFFIX = "-epp"  # the endpoint picker Service the inferencepool Helm chart names <pool>-epp
+DEFAULT_EPP_PORT = 9002  # the endpoint picker's ext-proc gRPC port
+EPP_FAILURE_MODES = ("FailClose", "FailOpen")
+DEFAULT_EPP_FAILURE_MODE = "FailClose"
+METRICS_COMPAT_VLLM = "vllm"  # what the endpoint picker reads by default

@@ -41,6 +41,10 @@ CHILD_KINDS = (
     ("policy", "v1", "poddisruptionbudgets"),
     ("monitoring.coreos.com", "v1", "podmonitors"),
     ("networking.k8s.io", "v1", "networkpolicies"),
+    ("", "v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("inference.networking.k8s.io", "v1", "inferencepools"),
 )
 PODS = ("", "v1", "pods")
 

@@ -57,10 +57,25 @@ HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodA
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 PODMONITORS = Resource("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
 NETWORKPOLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
+ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+INFERENCEPOOLS = Resource(c.INFERENCE_GROUP, "v1", "inferencepools", "InferencePool")
 REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet")
 PODS = Resource("", "v1", "pods", "Pod")
 EVENTS = Resource("", "v1", "events", "Event")
-CHILD_RESOURCES = (DEPLOYMENTS, SERVICES, HPAS, PDBS, PODMONITORS, NETWORKPOLICIES)
+CHILD_RESOURCES = (
+    DEPLOYMENTS,
+    SERVICES,
+    HPAS,
+    PDBS,
+    PODMONITORS,
+    NETWORKPOLICIES,
+    SERVICEACCOUNTS,
+    ROLES,
+    ROLEBINDINGS,
+    INFERENCEPOOLS,
+)
 
 
 def resource_of(obj: Mapping[str, Any]) -> Resource:

@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import constants as c
-from .builders.common import selector_labels
 from .kube import PODS, REPLICASETS, KubeApi
 
 
@@ -41,11 +40,11 @@ def current_replica_set(
 
 
 async def read_pods(
-    api: KubeApi, deployment: Mapping[str, Any], name: str
+    api: KubeApi, deployment: Mapping[str, Any], selector: Mapping[str, str]
 ) -> tuple[Mapping[str, Any] | None, tuple[Mapping[str, Any], ...]]:
-    """(current ReplicaSet, its pods); (None, ()) before the controller made it."""
+    """(current ReplicaSet, its pods) of a Deployment whose pods carry the labels
+    `selector`; (None, ()) before the controller made it."""
     namespace = deployment["metadata"]["namespace"]
-    selector = selector_labels(name)
     replica_set = current_replica_set(deployment, await api.list(REPLICASETS, namespace, selector))
     if replica_set is None:
         return None, ()

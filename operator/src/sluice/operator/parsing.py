@@ -22,6 +22,7 @@ from .pod_fields import (
     read_pod_options,
     read_scheduling,
 )
+from .routing_fields import check_metrics_compat, read_inference_pool, read_router
 from .sources import read_model, read_secret_ref
 from .spec import (
     Autoscaling,
@@ -80,6 +81,8 @@ SPEC_FIELDS = (
     "imagePullSecrets",
     "podMetadata",
     "networkPolicy",
+    "router",
+    "inferencePool",
 )
 RUNTIME_FIELDS = (
     "tensorParallelSize",
@@ -129,6 +132,9 @@ def parse_spec(
     env = read_env(r, spec)
     pod = read_pod_options(r, spec)
     network_policy = read_network_policy(r, spec)
+    router = read_router(r, spec, name)
+    inference_pool = read_inference_pool(r, spec)
+    check_metrics_compat(r, runtime, inference_pool)
     startup = r.integer(
         spec,
         "startupTimeoutSeconds",
@@ -163,6 +169,8 @@ def parse_spec(
         termination_grace_period_seconds=grace,
         pod=pod,
         network_policy=network_policy,
+        router=router,
+        inference_pool=inference_pool,
     )
 
 

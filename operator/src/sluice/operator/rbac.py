@@ -6,8 +6,8 @@ by it. `scope` says where the rule must apply: "workload" for the namespaces tha
 InferenceServices (cluster-wide when the operator watches all namespaces), "cluster" for
 cluster-scoped resources. `when` names the operator setting that needs the rule:
 "always", "peering" (Kopf peering for HA, see README), "namespaces" (watching a list of
-namespaces instead of the whole cluster), or "podmonitors" (the Prometheus Operator's
-CRDs are installed).
+namespaces instead of the whole cluster), "podmonitors" (the Prometheus Operator's
+CRDs are installed) or "inferencepools" (the Gateway API Inference Extension's CRDs are).
 
 Discovery (`GET /api`, `/apis`, `/apis/<group>/<version>`) is allowed to every
 authenticated user by the built-in `system:discovery` role and needs no rule.
@@ -24,7 +24,7 @@ class Permission:
     resource: str
     verbs: tuple[str, ...]
     scope: str  # "workload" | "cluster"
-    when: str  # "always" | "peering" | "namespaces" | "podmonitors"
+    when: str  # "always" | "peering" | "namespaces" | "podmonitors" | "inferencepools"
     why: str
 
 
@@ -64,10 +64,11 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "apps",
         "deployments",
-        ("get", "list", "watch", "create", "patch"),
+        ("get", "list", "watch", "create", "patch", "delete"),
         "workload",
         "always",
-        "the runtime Deployment: server-side apply (create+patch), watched to heal and report",
+        "the runtime and router Deployments: server-side apply, watched to heal and report;"
+        " the router's deleted when spec.router is turned off",
     ),
     Permission(
         "apps",
@@ -88,10 +89,10 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "",
         "services",
-        ("get", "list", "watch", "create", "patch"),
+        ("get", "list", "watch", "create", "patch", "delete"),
         "workload",
         "always",
-        "the ClusterIP Service: server-side apply, watched to heal",
+        "the model Service and the router's workers Service (deleted with the router)",
     ),
     Permission(
         "autoscaling",
@@ -124,6 +125,47 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
         "workload",
         "podmonitors",
         "the PodMonitor, when the Prometheus Operator is installed",
+    ),
+    Permission(
+        "",
+        "serviceaccounts",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "workload",
+        "always",
+        "the router's ServiceAccount (spec.router), deleted when the router is turned off",
+    ),
+    Permission(
+        "rbac.authorization.k8s.io",
+        "roles",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "workload",
+        "always",
+        "the router's Role (read EndpointSlices), deleted when the router is turned off",
+    ),
+    Permission(
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "workload",
+        "always",
+        "the router's RoleBinding, deleted when the router is turned off",
+    ),
+    Permission(
+        "discovery.k8s.io",
+        "endpointslices",
+        ("get", "list", "watch"),
+        "workload",
+        "always",
+        "never used by the operator: RBAC lets it grant the router's Role only what it holds",
+    ),
+    Permission(
+        "inference.networking.k8s.io",
+        "inferencepools",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "workload",
+        "inferencepools",
+        "the InferencePool (spec.inferencePool), when the Gateway API Inference Extension is"
+        " installed",
     ),
     Permission(
         "",

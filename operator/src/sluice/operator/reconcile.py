@@ -27,6 +27,7 @@ from typing import Any
 import kopf
 
 from . import constants as c
+from .builders.common import router_selector_labels, selector_labels
 from .children import (
     Applied,
     Blocked,
@@ -34,18 +35,34 @@ from .children import (
     apply_children,
     check_ownership,
     deployment_of,
+    key_of,
     owned_by,
     plan,
     read_children,
 )
 from .events import post_event
-from .kube import DEPLOYMENTS, HPAS, INFERENCESERVICES, PODMONITORS, ApiError, KubeApi
+from .kube import (
+    DEPLOYMENTS,
+    HPAS,
+    INFERENCEPOOLS,
+    INFERENCESERVICES,
+    PODMONITORS,
+    ApiError,
+    KubeApi,
+)
 from .observe import read_pods
 from .parsing import parse_spec
 from .replicas import decide, handover_object
 from .settings import Settings
 from .spec import InferenceServiceSpec
-from .status import Failure, Observed, compute_status, status_changed, transition_events
+from .status import (
+    Failure,
+    Observed,
+    RouterObserved,
+    compute_status,
+    status_changed,
+    transition_events,
+)
 from .validation import SpecError
 
 logger = logging.getLogger("sluice.operator")
@@ -122,25 +139,27 @@ async def reconcile(
         return await _report(ctx, body, failed_observation(body, deployment, failure=failure), DONE)
 
     podmonitors = await _podmonitors_wanted(ctx)
-    probe = plan(isvc, podmonitors=podmonitors)
-    existing = await read_children(ctx.api, probe, namespace, name)
+    inferencepools = True if await ctx.api.serves(INFERENCEPOOLS) else None
+    probe = plan(isvc, podmonitors=podmonitors, inferencepools=inferencepools)
+    existing = await read_children(ctx.api, probe, namespace)
+    uid = body["metadata"]["uid"]
     try:
         check_ownership(probe, existing, body)
     except Blocked as blocked:
         phase = c.PHASE_PENDING if blocked.reason == c.REASON_WAITING_FOR_GC else c.PHASE_FAILED
         failure = Failure(blocked.reason, str(blocked), phase)
-        deployment = existing.get(DEPLOYMENTS.kind)
-        if deployment is not None and not owned_by(deployment, body["metadata"]["uid"]):
+        deployment = existing.get((DEPLOYMENTS.kind, name))
+        if deployment is not None and not owned_by(deployment, uid):
             deployment = None
         return await _report(
             ctx, body, failed_observation(body, deployment, failure=failure), RETRY
         )
 
-    hpa = existing.get(HPAS.kind)
+    hpa = existing.get((HPAS.kind, name))
     decision = decide(
         isvc,
-        existing.get(DEPLOYMENTS.kind),
-        hpa_exists=hpa is not None and owned_by(hpa, body["metadata"]["uid"]),
+        existing.get((DEPLOYMENTS.kind, name)),
+        hpa_exists=hpa is not None and owned_by(hpa, uid),
     )
     if decision.copy_to_spec is not None:
         logger.info(
@@ -154,37 +173,47 @@ async def reconcile(
     if decision.handover is not None:
         await _hand_over(ctx.api, namespace, name, decision.handover)
 
-    wanted = plan(
-        isvc,
-        podmonitors=podmonitors,
-        replicas=decision.deployment_replicas,
-        run_as_user=ctx.settings.run_as_user,
+    # the model Service selects the router pods only while an available router replica
+    # (ours) exists; otherwise the runtime pods, so the API never loses its endpoints
+    router = existing.get((DEPLOYMENTS.kind, isvc.router_name))
+    to_router = (
+        isvc.router.enabled
+        and router is not None
+        and owned_by(router, uid)
+        and router_serves(router)
     )
-    current = existing.get(DEPLOYMENTS.kind)
+
+    def wanted_plan(isvc: InferenceServiceSpec) -> Plan:
+        return plan(
+            isvc,
+            podmonitors=podmonitors,
+            inferencepools=inferencepools,
+            replicas=decision.deployment_replicas,
+            run_as_user=ctx.settings.run_as_user,
+            to_router=to_router,
+        )
+
+    wanted = wanted_plan(isvc)
+    current = existing.get((DEPLOYMENTS.kind, name))
     if isvc.image != ctx.settings.default_image and not (body.get("spec") or {}).get("image"):
         if current is None or not await _keeps_pods(ctx.api, wanted, current, body):
             # the pods are (re)made anyway: make them with the current default image
             isvc = dataclasses.replace(isvc, image=ctx.settings.default_image)
-            wanted = plan(
-                isvc,
-                podmonitors=podmonitors,
-                replicas=decision.deployment_replicas,
-                run_as_user=ctx.settings.run_as_user,
-            )
+            wanted = wanted_plan(isvc)
     try:
         applied = await apply_children(ctx.api, wanted, existing, owner=body)
     except ApiError as error:
         if error.transient:
             raise
         failure = Failure(c.REASON_APPLY_FAILED, f"Kubernetes API rejected a child object: {error}")
-        deployment = existing.get(DEPLOYMENTS.kind)
+        deployment = existing.get((DEPLOYMENTS.kind, name))
         return await _report(ctx, body, failed_observation(body, deployment, failure=failure), DONE)
     if decision.release_handover:
         await _hand_over(ctx.api, namespace, name, None)
     await _announce(ctx, body, applied)
 
-    deployment = deployment_of(applied)
-    replica_set, pods = await read_pods(ctx.api, deployment, name)
+    deployment = deployment_of(applied, name)
+    replica_set, pods = await read_pods(ctx.api, deployment, selector_labels(name))
     observed = Observed(
         name=name,
         namespace=namespace,
@@ -192,14 +221,38 @@ async def reconcile(
         deployment=deployment,
         replica_set=replica_set,
         pods=pods,
-        hpa=applied.objects.get(HPAS.kind),
+        hpa=applied.objects.get((HPAS.kind, name)),
         autoscaling=isvc.autoscaling.enabled,
         min_replicas=isvc.autoscaling.min_replicas,
         default_replicas=isvc.replicas,
         served_model_name=isvc.model.served_name,
         image=isvc.image,
+        router=await _observe_router(ctx.api, isvc, applied, to_router),
     )
     return await _report(ctx, body, observed, DONE)
+
+
+def router_serves(router: Mapping[str, Any]) -> bool:
+    """Whether the router Deployment has a replica that serves: then the model Service
+    may select the router pods (until then, and whenever none is available, it selects
+    the runtime pods, so the API never loses its endpoints to the router)."""
+    return int((router.get("status") or {}).get("availableReplicas") or 0) > 0
+
+
+async def _observe_router(
+    api: KubeApi, isvc: InferenceServiceSpec, applied: Applied, routed: bool
+) -> RouterObserved | None:
+    if not isvc.router.enabled:
+        return None
+    router = applied.objects[(DEPLOYMENTS.kind, isvc.router_name)]
+    replica_set, pods = await read_pods(api, router, router_selector_labels(isvc.name))
+    return RouterObserved(
+        deployment=router,
+        replica_set=replica_set,
+        pods=pods,
+        replicas=isvc.router.replicas,
+        routed=routed,
+    )
 
 
 def failed_observation(
@@ -232,7 +285,10 @@ async def _keeps_pods(
     """Whether applying the planned Deployment leaves its pod template as it is (a dry
     run: the API server answers with the object as it would store it, defaults and all,
     so it compares like for like with the stored one)."""
-    [deployment] = [dict(child) for child in wanted.apply if child["kind"] == DEPLOYMENTS.kind]
+    name = owner["metadata"]["name"]
+    [deployment] = [
+        dict(child) for child in wanted.apply if key_of(child) == (DEPLOYMENTS.kind, name)
+    ]
     kopf.adopt(deployment, owner=owner)  # type: ignore[arg-type]
     would_be = await api.apply(deployment, dry_run=True)
     template: Any = (would_be.get("spec") or {}).get("template")
@@ -261,13 +317,12 @@ async def _hand_over(api: KubeApi, namespace: str, name: str, replicas: int | No
 
 async def _announce(ctx: Context, body: Mapping[str, Any], applied: Applied) -> None:
     meta = body["metadata"]
-    where = f"{meta['namespace']}/{meta['name']}"
-    for reason, kinds, why in (
+    for reason, keys, why in (
         ("Created", applied.created, ""),
         ("Deleted", applied.deleted, ": no longer wanted"),
     ):
-        for kind in kinds:
-            message = f"{reason} {kind} {where}{why}."
+        for kind, child in keys:
+            message = f"{reason} {kind} {meta['namespace']}/{child}{why}."
             logger.info(message)
             await post_event(ctx.api, body, "Normal", reason, message, ctx.clock())
 
@@ -278,7 +333,9 @@ async def _report(
     """Write the status if it changed (only over the version read), then post the Events
     of its transitions."""
     if observed.deployment is not None and observed.failure is not None:
-        replica_set, pods = await read_pods(ctx.api, observed.deployment, observed.name)
+        replica_set, pods = await read_pods(
+            ctx.api, observed.deployment, selector_labels(observed.name)
+        )
         observed = dataclasses.replace(observed, replica_set=replica_set, pods=pods)
     previous = body.get("status") or {}
     status = compute_status(

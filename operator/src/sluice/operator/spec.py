@@ -158,6 +158,31 @@ class PodOptions:
 
 
 @dataclass(frozen=True)
+class RouterOptions:
+    """`sluice router` in front of the runtime pods (spec.router): the model Service sends
+    to it, and it picks a runtime pod per request by `policy` (prefix-cache aware by
+    default), finding them from the EndpointSlices of the `<name>-workers` Service."""
+
+    enabled: bool = False
+    replicas: int = c.DEFAULT_ROUTER_REPLICAS
+    policy: str = c.DEFAULT_ROUTER_POLICY
+    cpu: str | None = None
+    memory: str | None = None
+
+
+@dataclass(frozen=True)
+class InferencePoolOptions:
+    """An InferencePool (Gateway API Inference Extension) of the runtime pods, rendered
+    where its CRD is installed; the runtime then also exposes the metrics its endpoint
+    picker reads (`--metrics-compat vllm`)."""
+
+    enabled: bool = False
+    endpoint_picker: str | None = None  # Service name; None: "<name>-epp"
+    endpoint_picker_port: int = c.DEFAULT_EPP_PORT
+    failure_mode: str = c.DEFAULT_EPP_FAILURE_MODE
+
+
+@dataclass(frozen=True)
 class InferenceServiceSpec:
     name: str
     namespace: str
@@ -173,6 +198,8 @@ class InferenceServiceSpec:
     termination_grace_period_seconds: int = c.DEFAULT_TERMINATION_GRACE_SECONDS
     pod: PodOptions = PodOptions()
     network_policy: NetworkPolicy = NetworkPolicy()
+    router: RouterOptions = RouterOptions()
+    inference_pool: InferencePoolOptions = InferencePoolOptions()
 
     @property
     def drain_timeout_seconds(self) -> int:
@@ -183,6 +210,19 @@ class InferenceServiceSpec:
             - c.PRESTOP_SLEEP_SECONDS
             - c.DRAIN_EXIT_MARGIN_SECONDS
         )
+
+    @property
+    def router_name(self) -> str:
+        """The router's Deployment, ServiceAccount, Role and RoleBinding."""
+        return self.name + c.ROUTER_SUFFIX
+
+    @property
+    def workers_service_name(self) -> str:
+        return self.name + c.WORKERS_SUFFIX
+
+    @property
+    def endpoint_picker_name(self) -> str:
+        return self.inference_pool.endpoint_picker or self.name + c.EPP_SUFFIX
 
     @property
     def autoscaled_start_replicas(self) -> int:

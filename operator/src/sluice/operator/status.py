@@ -13,6 +13,9 @@ From it:
                the current pod template (minReplicas only while autoscaling; otherwise all
                desired replicas). Scaling up does not make a serving service un-Ready; a
                new template is Ready once enough of its pods are.
+  RouterReady  only with spec.router.enabled: all router replicas of the current template
+               available and the model Service sending to them. Until then the Service
+               selects the runtime pods directly, so Ready does not wait for the router.
 
 `phase` is derived from the conditions, worst first: Failed (the spec cannot be applied),
 Degraded, Ready, Progressing, Pending. `compute_status` builds the whole status;
@@ -41,6 +44,18 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class RouterObserved:
+    """The router Deployment (spec.router), the ReplicaSet of its current template and
+    that ReplicaSet's pods; `routed`: the model Service selects the router pods."""
+
+    deployment: Mapping[str, Any]
+    replica_set: Mapping[str, Any] | None
+    pods: tuple[Mapping[str, Any], ...]
+    replicas: int
+    routed: bool
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything the status is derived from."""
 
@@ -57,6 +72,7 @@ class Observed:
     served_model_name: str | None = None
     image: str | None = None  # the runtime image the children were applied with
     failure: Failure | None = None
+    router: RouterObserved | None = None  # None: spec.router is off
 
 
 @dataclass(frozen=True)
@@ -225,6 +241,27 @@ def ready_condition(
     return Condition(kind, False, "ReplicasUnavailable", message)
 
 
+def router_ready_condition(router: RouterObserved) -> Condition:
+    kind = c.CONDITION_ROUTER_READY
+    rollout = read_rollout(router.deployment, router.replica_set, router.replicas)
+    have = rollout.current_available
+    message = f"{have}/{rollout.desired} router replicas of the current version available"
+    problem = worst_problem(router.pods)
+    if have >= rollout.desired and rollout.observed and router.routed:
+        return Condition(kind, True, "RouterServing", message + "; the Service sends to them")
+    if problem is not None:
+        worst, _ = problem
+        return Condition(kind, False, worst.reason, f"router pod {worst.pod}: {worst.message}")
+    if rollout.deadline_exceeded:
+        return Condition(kind, False, "ProgressDeadlineExceeded", rollout.deadline_message)
+    if rollout.failure_reason:
+        return Condition(kind, False, rollout.failure_reason, rollout.failure_message)
+    if not router.routed:
+        message += "; the Service sends to the runtime pods until one is"
+        return Condition(kind, False, "RouterStarting", message)
+    return Condition(kind, False, "RouterReplicasStarting", message)
+
+
 def serving_floor(observed: Observed, rollout: Rollout) -> int:
     """How many replicas of the current template must be available to call it Ready."""
     if observed.autoscaling:
@@ -285,6 +322,8 @@ def compute_status(
     ready = ready_condition(observed, rollout, degraded, progressing)
     phase = derive_phase(observed.failure, ready, progressing, degraded)
     conditions = [ready, available, progressing, degraded]
+    if observed.router is not None and observed.failure is None:
+        conditions.append(router_ready_condition(observed.router))
     status: dict[str, Any] = {
         "phase": phase,
         "conditions": _with_times(conditions, previous, now, observed.generation),
@@ -297,10 +336,22 @@ def compute_status(
         "selector": selector_string(observed.name),
         "servedModelName": observed.served_model_name,
         "image": observed.image or previous.get("image"),
+        "router": _router_status(observed.router),
     }
     if observed.generation is not None:
         status["observedGeneration"] = observed.generation
     return status
+
+
+def _router_status(router: RouterObserved | None) -> dict[str, Any] | None:
+    if router is None:
+        return None
+    status = router.deployment.get("status") or {}
+    return {
+        "replicas": int(status.get("replicas") or 0),
+        "readyReplicas": int(status.get("readyReplicas") or 0),
+        "routing": router.routed,
+    }
 
 
 def _with_times(

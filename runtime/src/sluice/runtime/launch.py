@@ -1,9 +1,14 @@
 """Start the runtime: scheduler and detokenizer processes, then the HTTP server.
 
-The parent process runs the API server and the TokenizerManager. It watches its children:
-if one dies, it logs which and exits non-zero (Kubernetes restarts the pod) instead of
-keeping a server that accepts requests and never answers. SIGTERM drains: /health turns
-503, no new requests are admitted, running ones finish within `--drain-timeout`.
+The parent process runs the API server and the TokenizerManager. It watches its children
+(one scheduler per tensor-parallel rank, the detokenizer): if one dies, it logs which,
+fails every in-flight request with an error, and exits non-zero (Kubernetes restarts the
+pod) instead of keeping a server that accepts requests and never answers. SIGTERM drains:
+/health turns 503, no new requests are admitted, running ones finish within
+`--drain-timeout`.
+
+With `--nnodes` > 1, a node other than node 0 runs only its ranks' schedulers
+(`serve_follower_node`); see `distributed.topology`.
 """
 
 from __future__ import annotations
@@ -11,7 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
+import multiprocessing.connection
 import os
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,11 +29,13 @@ import uvicorn
 
 from sluice.runtime import constants as C
 from sluice.runtime.detokenizer.process import run_detokenizer_process
+from sluice.runtime.distributed.topology import RankSpec, node_ranks, tensor_parallel_problem
 from sluice.runtime.entrypoints.http_server import build_app
 from sluice.runtime.entrypoints.tokenizer_manager import WARMUP_RID, TokenizerManager
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerReady
 from sluice.runtime.ipc.sockets import PortArgs
 from sluice.runtime.metrics import MetricsCollector
+from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
 from sluice.runtime.scheduler.process import run_scheduler_process
 from sluice.runtime.server_args import ServerArgs
@@ -33,6 +44,7 @@ from sluice.runtime.threads import limit_helper_process_threads
 logger = logging.getLogger("sluice.server")
 
 WATCH_INTERVAL_S = 0.5
+FAIL_FLUSH_S = 2.0  # after a child died: how long failed requests get to send their errors
 
 
 def served_name(args: ServerArgs, model_path: Path) -> str:
@@ -44,29 +56,50 @@ def served_name(args: ServerArgs, model_path: Path) -> str:
 
 
 class ChildProcesses:
-    """The scheduler and detokenizer processes, started and watched together."""
+    """The scheduler processes (one per tensor-parallel rank of this node) and, on node 0,
+    the detokenizer, started and watched together. A thread notes each exit as it happens,
+    so the first to die is named first."""
 
-    def __init__(self, args: ServerArgs, model_path: Path, port_args: PortArgs) -> None:
+    def __init__(
+        self, args: ServerArgs, model_path: Path, port_args: PortArgs | None, ranks: list[RankSpec]
+    ) -> None:
         ctx = mp.get_context("spawn")
         self._ready_reader, ready_writer = ctx.Pipe(duplex=False)
         self.procs = [
             ctx.Process(
                 target=run_scheduler_process,
-                args=(args, str(model_path), port_args, ready_writer),
-                name="scheduler",
-            ),
-            ctx.Process(
-                target=run_detokenizer_process,
-                args=(str(model_path), port_args, args.log_level),
-                name="detokenizer",
-            ),
+                args=(args, str(model_path), port_args, ready_writer if r.is_leader else None, r),
+                name=r.process_name,
+            )
+            for r in ranks
         ]
+        if port_args is not None:  # node 0
+            self.procs.append(
+                ctx.Process(
+                    target=run_detokenizer_process,
+                    args=(str(model_path), port_args, args.log_level),
+                    name="detokenizer",
+                )
+            )
         for p in self.procs:
             p.start()
         ready_writer.close()
+        self.exited: list[mp.Process] = []  # in the order they exited
+        threading.Thread(target=self._note_exits, name="child-watch", daemon=True).start()
+
+    def _note_exits(self) -> None:
+        waiting = {p.sentinel: p for p in self.procs}
+        while waiting:
+            for sentinel in mp.connection.wait(list(waiting)):
+                self.exited.append(waiting.pop(sentinel))  # type: ignore[arg-type]
 
     def dead(self) -> mp.Process | None:
-        return next((p for p in self.procs if p.exitcode is not None), None)
+        """The first child that exited, if any."""
+        return self.exited[0] if self.exited else None
+
+    def describe_exits(self) -> str:
+        """"<name> process exited with code <c>" for each exited child, first exit first."""
+        return "; then ".join(f"{p.name} process exited with code {p.exitcode}" for p in self.exited)
 
     def wait_ready(self, timeout: float) -> SchedulerReady:
         deadline = time.monotonic() + timeout
@@ -79,8 +112,8 @@ class ChildProcesses:
                 if isinstance(msg, SchedulerReady):
                     return msg
                 raise ChildDied("scheduler failed to start (see its log above)")
-            if (p := self.dead()) is not None:
-                raise ChildDied(f"{p.name} process exited with code {p.exitcode} during start-up")
+            if self.dead() is not None:
+                raise ChildDied(f"{self.describe_exits()} during start-up")
         raise ChildDied(f"scheduler not ready after {timeout:.0f}s")
 
     def stop(self) -> None:
@@ -134,13 +167,55 @@ async def warm_up(tm: TokenizerManager) -> None:
         pass
 
 
-async def _watch_children(children: ChildProcesses) -> None:
-    while True:
+async def _watch_children(children: ChildProcesses, tm: TokenizerManager) -> None:
+    while children.dead() is None:
         await asyncio.sleep(WATCH_INTERVAL_S)
-        if (p := children.dead()) is not None:
-            logger.error("%s process exited with code %s; shutting the server down", p.name, p.exitcode)
-            children.stop()
-            os._exit(1)
+    exits = children.describe_exits()
+    logger.error("%s; shutting the server down", exits)
+    failed = tm.fail_all(f"The server is shutting down: {exits}.")
+    deadline = time.monotonic() + FAIL_FLUSH_S
+    while tm.num_inflight and time.monotonic() < deadline:  # let their errors go out
+        await asyncio.sleep(0.05)
+    if failed:
+        await asyncio.sleep(0.2)  # the last response bytes leave the socket
+    children.stop()
+    os._exit(1)
+
+
+def startup_problem(args: ServerArgs, model_path: Path) -> str | None:
+    """What makes this server unable to start (one line), checked before any child starts."""
+    visible_gpus = 0
+    if args.resolved_device.startswith("cuda"):
+        import torch
+
+        visible_gpus = torch.cuda.device_count()
+    config = ModelConfig.from_pretrained(model_path)
+    return tensor_parallel_problem(
+        args.tensor_parallel_size, args.nnodes, config, args.resolved_device, visible_gpus
+    )
+
+
+def _ranks(args: ServerArgs) -> list[RankSpec]:
+    ranks = node_ranks(args.tensor_parallel_size, args.nnodes, args.node_rank, args.dist_init_addr)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if args.resolved_device == "cpu" and len(ranks) > (cores or 1):
+        logger.warning("%d tensor-parallel ranks on %s CPU cores", len(ranks), cores)
+    return ranks
+
+
+def serve_follower_node(args: ServerArgs, model_path: Path) -> int:
+    """Node `--node-rank` > 0 of a multi-node group: its ranks only, until one exits."""
+    children = ChildProcesses(args, model_path, None, _ranks(args))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while len(children.exited) < len(children.procs):
+            if any(p.exitcode != 0 for p in children.exited):
+                logger.error("%s; stopping this node", children.describe_exits())
+                return 1
+            time.sleep(WATCH_INTERVAL_S)
+        return 0
+    finally:
+        children.stop()
 
 
 def launch_server(args: ServerArgs) -> int:
@@ -149,8 +224,13 @@ def launch_server(args: ServerArgs) -> int:
     )
     cache_dir = Path(args.model_cache_dir) if args.model_cache_dir else default_cache_dir()
     model_path = resolve_model_path(args.model, cache_dir)
+    if (problem := startup_problem(args, model_path)) is not None:
+        print(f"sluice serve: {problem}", file=sys.stderr)
+        return 2
+    if args.node_rank > 0:
+        return serve_follower_node(args, model_path)
     port_args = PortArgs.fresh()
-    children = ChildProcesses(args, model_path, port_args)
+    children = ChildProcesses(args, model_path, port_args, _ranks(args))
     try:
         ready = children.wait_ready(args.startup_timeout)
     except ChildDied as err:
@@ -170,7 +250,7 @@ def launch_server(args: ServerArgs) -> int:
     async def _start() -> None:
         server.loop = asyncio.get_running_loop()
         tm.start()
-        asyncio.get_running_loop().create_task(_watch_children(children))
+        asyncio.get_running_loop().create_task(_watch_children(children, tm))
         if not args.disable_warmup:
             await warm_up(tm)
         metrics.attach(tm)  # after the warm-up: it is not a request to count

@@ -91,8 +91,18 @@ class ServerArgs:
         "(retraction, chunking and concurrency cannot change an output). Slower.",
     )
     tensor_parallel_size: int = option(
-        1, "GPUs one model replica is sharded over (this build runs 1; more is rejected)."
+        1, "Ranks one model replica is sharded over: one scheduler + model worker process per "
+        "rank (one GPU each on CUDA, NCCL; processes sharing the cores on the CPU, gloo).",
     )
+    dist_init_addr: str = option(
+        "", "host:port where the tensor-parallel ranks meet (node 0's address with --nnodes > "
+        "1; default: a free port on 127.0.0.1).",
+    )
+    nnodes: int = option(
+        1, "Machines one replica's tensor-parallel ranks span, each running `sluice serve` with "
+        "its --node-rank (multi-node is untested).",
+    )
+    node_rank: int = option(0, "This machine's index among --nnodes (0 serves HTTP).")
     attention_backend: str = option(
         "auto", "Attention implementation (auto: flashinfer on CUDA when installed, else "
         "triton, else torch; torch on the CPU; triton on the CPU needs TRITON_INTERPRET=1).",
@@ -186,13 +196,31 @@ class ServerArgs:
             problems.append("--quantization w8a8 is implemented for the CPU only")
         if self.quantization != "none" and self.enable_deterministic_inference:
             problems.append("--quantization cannot be combined with --enable-deterministic-inference")
-        if self.tensor_parallel_size != 1:
-            problems.append(
-                "--tensor-parallel-size > 1 is not supported by this build yet; "
-                "run one replica per GPU"
-            )
+        problems += self._tensor_parallel_problems()
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _tensor_parallel_problems(self) -> list[str]:
+        """What is wrong with the tensor-parallel flags on their own (what depends on the
+        model or the machine is checked at start-up: `launch.startup_problem`)."""
+        tp, nnodes = self.tensor_parallel_size, self.nnodes
+        if tp < 1:
+            return [f"{C.FLAG_TENSOR_PARALLEL_SIZE} must be >= 1"]
+        problems = []
+        if nnodes < 1:
+            problems.append("--nnodes must be >= 1")
+        elif tp % nnodes:
+            problems.append(f"{C.FLAG_TENSOR_PARALLEL_SIZE} {tp} is not a multiple of --nnodes {nnodes}")
+        elif not 0 <= self.node_rank < nnodes:
+            problems.append(f"--node-rank must be in [0, {nnodes - 1}]")
+        if nnodes > 1 and not self.dist_init_addr:
+            problems.append("--nnodes > 1 needs --dist-init-addr (host:port on node 0)")
+        if self.dist_init_addr:
+            from sluice.runtime.distributed.topology import parse_host_port
+
+            if parse_host_port(self.dist_init_addr) is None:
+                problems.append(f"--dist-init-addr {self.dist_init_addr!r} is not host:port")
+        return problems
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -7,16 +7,32 @@ Owner references are added by the reconcile (`kopf.adopt`), not here.
 
 from .deployment import build_deployment
 from .hpa import build_hpa
-from .networkpolicy import build_networkpolicy
+from .inferencepool import build_inferencepool
+from .networkpolicy import build_networkpolicy, build_router_networkpolicy
 from .pdb import build_pdb
-from .podmonitor import build_podmonitor
+from .podmonitor import build_podmonitor, build_router_podmonitor
+from .router import build_router_deployment
+from .router_rbac import (
+    build_router_role,
+    build_router_role_binding,
+    build_router_service_account,
+)
 from .service import build_service
+from .workers import build_workers_service
 
 __all__ = [
     "build_deployment",
     "build_hpa",
+    "build_inferencepool",
     "build_networkpolicy",
     "build_pdb",
     "build_podmonitor",
+    "build_router_deployment",
+    "build_router_networkpolicy",
+    "build_router_podmonitor",
+    "build_router_role",
+    "build_router_role_binding",
+    "build_router_service_account",
     "build_service",
+    "build_workers_service",
 ]

@@ -47,4 +47,6 @@ def serve_args(isvc: InferenceServiceSpec, model_argument: str) -> list[str]:
             args += [flag, str(value)]
     if not rt.overlap_schedule:
         args.append(rc.FLAG_DISABLE_OVERLAP_SCHEDULE)
+    if isvc.inference_pool.enabled:  # the endpoint picker reads vLLM's metric names
+        args += [rc.FLAG_METRICS_COMPAT, c.METRICS_COMPAT_VLLM]
     return args + list(rt.extra_args)

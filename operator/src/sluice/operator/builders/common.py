@@ -23,13 +23,38 @@ def labels(name: str) -> dict[str, str]:
     }
 
 
+def router_selector_labels(name: str) -> dict[str, str]:
+    """The labels that select this service's router pods (never its runtime pods)."""
+    return {c.LABEL_NAME: c.ROUTER_APP_NAME, c.LABEL_INSTANCE: name}
+
+
+def router_labels(name: str) -> dict[str, str]:
+    """All labels the router's objects and pods carry."""
+    return {
+        **router_selector_labels(name),
+        c.LABEL_COMPONENT: c.ROUTER_COMPONENT,
+        c.LABEL_PART_OF: c.PART_OF,
+        c.LABEL_MANAGED_BY: c.MANAGER_LABEL_VALUE,
+    }
+
+
 def selector_string(name: str) -> str:
     """The pod selector in `kubectl get -l` form (the scale subresource's `status.selector`)."""
     return ",".join(f"{key}={value}" for key, value in sorted(selector_labels(name).items()))
 
 
-def object_meta(isvc: InferenceServiceSpec) -> dict[str, Any]:
-    return {"name": isvc.name, "namespace": isvc.namespace, "labels": labels(isvc.name)}
+def object_meta(isvc: InferenceServiceSpec, name: str | None = None) -> dict[str, Any]:
+    """Metadata of a child about the runtime pods (named `name`, default the service's)."""
+    return {"name": name or isvc.name, "namespace": isvc.namespace, "labels": labels(isvc.name)}
+
+
+def router_meta(isvc: InferenceServiceSpec) -> dict[str, Any]:
+    """Metadata of the router's objects: `<name>-router`, the router's labels."""
+    return {
+        "name": isvc.router_name,
+        "namespace": isvc.namespace,
+        "labels": router_labels(isvc.name),
+    }
 
 
 def to_quantity(value: float) -> str:

@@ -15,7 +15,7 @@ from sluice.runtime import constants as rc
 
 from .. import constants as c
 from ..spec import InferenceServiceSpec
-from .common import object_meta, selector_labels
+from .common import object_meta, router_meta, router_selector_labels, selector_labels
 
 
 def _namespaces(names: list[str]) -> list[dict[str, Any]]:
@@ -25,6 +25,18 @@ def _namespaces(names: list[str]) -> list[dict[str, Any]]:
 
 
 def build_networkpolicy(isvc: InferenceServiceSpec) -> dict[str, Any]:
+    return _policy(isvc, object_meta(isvc), selector_labels(isvc.name))
+
+
+def build_router_networkpolicy(isvc: InferenceServiceSpec) -> dict[str, Any]:
+    """The same ingress rules for the router pods (`<name>-router`): clients reach the API
+    through them, Prometheus scrapes their /metrics."""
+    return _policy(isvc, router_meta(isvc), router_selector_labels(isvc.name))
+
+
+def _policy(
+    isvc: InferenceServiceSpec, meta: dict[str, Any], pods: dict[str, str]
+) -> dict[str, Any]:
     policy = isvc.network_policy
     port = [{"protocol": "TCP", "port": rc.CONTAINER_PORT_NAME}]
     clients = [isvc.namespace, *(n for n in policy.allowed_namespaces if n != isvc.namespace)]
@@ -34,9 +46,9 @@ def build_networkpolicy(isvc: InferenceServiceSpec) -> dict[str, Any]:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": object_meta(isvc),
+        "metadata": meta,
         "spec": {
-            "podSelector": {"matchLabels": selector_labels(isvc.name)},
+            "podSelector": {"matchLabels": pods},
             "policyTypes": ["Ingress"],
             "ingress": ingress,
         },

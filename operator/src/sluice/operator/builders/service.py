@@ -1,4 +1,9 @@
-"""The ClusterIP Service in front of the runtime pods: port 80 → the pods' `http` port."""
+"""The model's ClusterIP Service `<name>`: port 80 → the pods' `http` port.
+
+It selects the runtime pods, or the router pods when `to_router` (spec.router.enabled and
+a router replica available: the reconcile decides, so turning the router on never leaves
+the Service without endpoints). Both name their HTTP port `http`.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,18 @@ from sluice.runtime import constants as rc
 
 from .. import constants as c
 from ..spec import InferenceServiceSpec
-from .common import object_meta, selector_labels
+from .common import object_meta, router_selector_labels, selector_labels
 
 
-def build_service(isvc: InferenceServiceSpec) -> dict[str, Any]:
+def build_service(isvc: InferenceServiceSpec, *, to_router: bool = False) -> dict[str, Any]:
+    selector = router_selector_labels(isvc.name) if to_router else selector_labels(isvc.name)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": object_meta(isvc),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(isvc.name),
+            "selector": selector,
             "ports": [
                 {
                     "name": c.SERVICE_PORT_NAME,

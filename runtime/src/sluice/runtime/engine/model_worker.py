@@ -10,6 +10,11 @@ the forward thread, in launch order):
 
 The scheduler keeps the host bookkeeping (pages, rows) and sends a `ForwardInput`; the
 worker knows nothing of requests, queues or overlap.
+
+With tensor parallelism every rank's worker runs the same `ForwardInput` on its shard of
+the model and its share of the KV pool (its KV heads); rank 0 samples (its requests'
+generators, penalties and grammar masks) and broadcasts the tokens, so every rank's token
+table holds the same tokens.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from sluice.runtime import features as FEATURES
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
 from sluice.runtime.attention.registry import create_model_backend, resolve_backend_name
+from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.engine.cpu_features import choose_dtype, choose_kv_dtype
 from sluice.runtime.engine.cuda_graph import (
     CudaGraphRunner,
@@ -50,14 +56,15 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return choose_dtype(name, device).dtype
 
 
-def size_kv_pool(args: ServerArgs, device: str, per_token_bytes: int) -> int:
-    """KV pool size in tokens: the flag, else the CPU budget, else the GPU memory fraction."""
+def size_kv_pool(args: ServerArgs, device: str, per_token_bytes: int, ranks_on_host: int = 1) -> int:
+    """KV pool size in tokens: the flag, else the CPU budget (shared by the tensor-parallel
+    ranks on the host), else the GPU memory fraction (of this rank's GPU)."""
     if args.max_total_tokens > 0:
         return args.max_total_tokens
     if device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info()
         return gpu_kv_pool_tokens(total, free, args.mem_fraction_static, per_token_bytes)
-    return int(args.cpu_kv_cache_gib * 2**30 // per_token_bytes)
+    return int(args.cpu_kv_cache_gib * 2**30 / ranks_on_host // per_token_bytes)
 
 
 def gpu_kv_pool_tokens(total_bytes: int, free_bytes: int, fraction: float, per_token_bytes: int) -> int:
@@ -94,8 +101,11 @@ def _attention_backend(args: ServerArgs, device: str) -> AttentionBackend:
 
 
 class ModelWorker:
-    def __init__(self, args: ServerArgs, model_path: str | Path) -> None:
+    def __init__(
+        self, args: ServerArgs, model_path: str | Path, tp: TensorParallelGroup = SINGLE_RANK
+    ) -> None:
         self.args = args
+        self.tp = tp
         self.device = args.resolved_device
         choice = choose_dtype(args.dtype, self.device, deterministic=args.enable_deterministic_inference)
         self.dtype, self.dtype_reason = choice.dtype, choice.reason
@@ -103,11 +113,15 @@ class ModelWorker:
         logger.info("dtype %s (%s), KV cache %s", choice.name, choice.reason, self.kv_dtype)
         if self.device == "cpu" or args.torch_threads > 0:
             threads, why = model_worker_threads(args.torch_threads, torch.get_num_threads())
+            if tp.local_size > 1 and args.torch_threads <= 0:  # the ranks share the cores
+                threads, why = max(1, threads // tp.local_size), f"{why}, over {tp.local_size} ranks"
             torch.set_num_threads(threads)
             logger.info("model worker: %d torch threads (%s)", threads, why)
         torch.manual_seed(max(args.random_seed, 0))
         backend = _attention_backend(args, self.device)
-        self.model, self.model_config = load_model(Path(model_path), self.device, self.dtype, backend)
+        self.model, self.model_config = load_model(
+            Path(model_path), self.device, self.dtype, backend, tp
+        )
         if (quantized := quantize_model(self.model, args.quantization)) > 0:
             logger.info("quantization %s: %d linear layers", args.quantization, quantized)
         if self.device == "cpu" and (reason := cpu_fused_ops.enable(self.model)) is not None:
@@ -119,9 +133,12 @@ class ModelWorker:
             eos.add(int(self.tokenizer.eos_token_id))
         self.eos_token_ids = sorted(eos)
 
-        per_token = bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.kv_dtype)
+        kv_heads = self.model.local_config.num_key_value_heads  # this rank's share
+        per_token = bytes_per_token(cfg.num_hidden_layers, kv_heads, cfg.head_dim, self.kv_dtype)
         page = args.page_size
-        total = size_kv_pool(args, self.device, per_token) // page * page
+        # every rank's scheduler must see the same pool: the smallest any rank can hold
+        total = tp.min_over_ranks(size_kv_pool(args, self.device, per_token, tp.local_size))
+        total = total // page * page
         model_context = args.max_context_len or cfg.context_length
         # one request alone must always fit the pool, so retraction can always make progress
         context = min(model_context, total - page)
@@ -136,15 +153,16 @@ class ModelWorker:
             )
         self.pool = PoolLayout(total, page, args.max_running_requests, context, model_context)
         self.kv = KVBuffers(
-            (total // page + 1) * page, cfg.num_hidden_layers, cfg.num_key_value_heads,
+            (total // page + 1) * page, cfg.num_hidden_layers, kv_heads,
             cfg.head_dim, self.kv_dtype, self.device,
         )
         table = (args.max_running_requests, context + page + 1)
         self.req_to_token = torch.zeros(table, dtype=torch.int32, device=self.device)
         self.token_table = torch.zeros(table, dtype=torch.int32, device=self.device)
         logger.info(
-            "KV pool: %d tokens, %.1f MiB (%d bytes/token, %s on %s)",
-            total, self.kv.total_bytes / 2**20, per_token, self.kv_dtype, self.device,
+            "KV pool: %d tokens, %.1f MiB (%d bytes/token, %d of %d KV heads, %s on %s)",
+            total, self.kv.total_bytes / 2**20, per_token, kv_heads, cfg.num_key_value_heads,
+            self.kv_dtype, self.device,
         )
         self.graph_runner = self._capture_cuda_graphs(backend)
 
@@ -155,6 +173,8 @@ class ModelWorker:
         off = cuda_graph_disabled_reason(
             self.device, backend, args.disable_cuda_graph, args.enable_deterministic_inference
         )
+        if off is None and self.tp.size > 1:
+            off = "tensor parallelism (the collectives are not captured)"
         if off is not None:
             logger.info("decode CUDA graphs off: %s", off)
             return None
@@ -193,6 +213,7 @@ class ModelWorker:
             kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
             quantization=self.args.quantization,
             torch_threads=torch.get_num_threads(),
+            tensor_parallel_size=self.tp.size,
         )
 
     def device_row(self, row: int, n: int) -> list[int]:
@@ -290,13 +311,19 @@ class ModelWorker:
             return SampledForward(launched, None, prompt)
         if len(sampled) < len(fi.rows):
             logits = logits[self._long([i for i, r in enumerate(fi.rows) if r.sample])]
-        history = None
         next_pos = [r.start + r.length for r in sampled]
         rows_t = self._long([r.row for r in sampled])
+        if not self.tp.is_leader:  # rank 0 samples; its tokens go into every rank's table
+            ids = torch.empty(len(sampled), dtype=torch.int64, device=self.device)
+            self.tp.broadcast_tokens(ids)
+            self.token_table[rows_t, self._long(next_pos)] = ids.to(self.token_table.dtype)
+            return SampledForward(launched, SampleOutput(ids, None), prompt)  # no logprobs: rank 0's
+        history = None
         if needs_history(fi.sampling):
             width = max(next_pos)
             history = TokenHistory(self.token_table[rows_t, :width], self._long(next_pos))
         out = sample(logits, fi.sampling, history, mask)
+        self.tp.broadcast_tokens(out.token_ids)
         self.token_table[rows_t, self._long(next_pos)] = out.token_ids.to(self.token_table.dtype)
         return SampledForward(launched, out, prompt)
 

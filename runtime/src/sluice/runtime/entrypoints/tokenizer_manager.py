@@ -130,6 +130,7 @@ class TokenizerManager:
             "kv_cache_dtype": r.kv_cache_dtype,
             "quantization": r.quantization,
             "torch_threads": r.torch_threads,
+            "tensor_parallel_size": r.tensor_parallel_size,
             "attention_backend": r.attention_backend,
             "is_ready": self.is_ready,
             "draining": self.draining,
@@ -198,6 +199,16 @@ class TokenizerManager:
             logger.info("request aborted rid=%s reason=abort-request", rid)
             send(self._to_scheduler, AbortReq(internal))
         return rids
+
+    def fail_all(self, message: str) -> int:
+        """End every in-flight request with a server-side abort carrying `message` (the API
+        turns it into an error response or an error event); returns how many."""
+        for internal, state in list(self._states.items()):
+            chunk = GenerateChunk("", [], FinishReason("abort", message=message), 0, 0, 0, [])
+            for listener in self.listeners:
+                listener.on_chunk(internal, chunk, state)
+            state.queue.put_nowait(chunk)
+        return len(self._states)
 
     async def prefill_only(self, input_ids: list[int]) -> None:
         """Compute a prompt's KV into the prefix cache, generating nothing (n > 1: the

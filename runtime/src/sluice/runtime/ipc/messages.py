@@ -220,3 +220,4 @@ class SchedulerReady:
     kv_cache_dtype: str = ""
     quantization: str = "none"
     torch_threads: int = 0
+    tensor_parallel_size: int = 1

@@ -29,6 +29,9 @@ class Node:
     children: dict[tuple[int, ...], Node] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    # creation order: breaks LRU ties the same way in every process (tensor-parallel ranks
+    # must evict the same nodes; `id()` differs by process)
+    seq: int = 0
 
     @property
     def is_leaf(self) -> bool:
@@ -42,6 +45,7 @@ class RadixCache:
         self.root = Node()
         self.root.lock_ref = 1  # the root is never evicted
         self._clock = itertools.count(1)
+        self._seq = itertools.count(1)
         self.evictable_tokens = 0
         self.protected_tokens = 0
         self._evictable_leaves: set[Node] = set()
@@ -95,7 +99,9 @@ class RadixCache:
     def _split(self, node: Node, num_pages: int) -> Node:
         """Cut `node` after `num_pages` pages; returns the new upper part."""
         cut = num_pages * self.page_size
-        upper = Node(key=node.key[:cut], pages=node.pages[:num_pages], parent=node.parent)
+        upper = Node(
+            key=node.key[:cut], pages=node.pages[:num_pages], parent=node.parent, seq=next(self._seq)
+        )
         upper.lock_ref, upper.last_access = node.lock_ref, node.last_access
         assert node.parent is not None
         node.parent.children[self._child_key(upper.key, 0)] = upper
@@ -119,6 +125,7 @@ class RadixCache:
                     pages=pages[pos // self.page_size :],
                     parent=node,
                     last_access=now,
+                    seq=next(self._seq),
                 )
                 node.children[self._child_key(tokens, pos)] = new
                 self._account(new, +1)
@@ -160,7 +167,7 @@ class RadixCache:
         """Free at least `num_tokens` cached tokens if possible (LRU leaves first)."""
         if num_tokens <= 0:
             return 0
-        heap = [(n.last_access, id(n), n) for n in self._evictable_leaves]
+        heap = [(n.last_access, n.seq, n) for n in self._evictable_leaves]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -174,7 +181,7 @@ class RadixCache:
             del parent.children[self._child_key(node.key, 0)]
             if parent is not self.root and parent.is_leaf and parent.lock_ref == 0:
                 self._evictable_leaves.add(parent)
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+                heapq.heappush(heap, (parent.last_access, parent.seq, parent))
         return freed
 
     def reset(self) -> None:

@@ -3,6 +3,10 @@
 One implementation serves all of them: Qwen2 differs only by a bias on q/k/v, which
 `ModelConfig.qkv_bias` carries. q/k/v and gate/up are fused into one matmul each;
 `load_weights` slices Hugging Face's separate projections into the fused rows.
+
+With tensor parallelism every layer is built with its rank's shard shapes
+(`distributed.sharding`); the decoder layer all-reduces the attention and MLP outputs (the
+row-parallel o and down projections), the embedding and the LM head are vocab-parallel.
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ import re
 from collections.abc import Iterable, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
+from sluice.runtime.distributed.layers import embed, gather_logits
+from sluice.runtime.distributed.sharding import LlamaShard
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.layers import Linear, RMSNorm, SwiGLUMLP
@@ -64,9 +70,15 @@ class LlamaAttention(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, config: ModelConfig, layer_id: int, device: torch.device | str, dtype: torch.dtype
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        tp: TensorParallelGroup = SINGLE_RANK,
     ):
         super().__init__()
+        self.tp = tp
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, device, dtype)
         self.self_attn = LlamaAttention(config, layer_id, device, dtype)
@@ -83,12 +95,15 @@ class LlamaDecoderLayer(nn.Module):
         batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.tp.all_reduce(self.self_attn(self.input_layernorm(x), cos, sin, batch, backend))
+        return x + self.tp.all_reduce(self.mlp(self.post_attention_layernorm(x)))
 
 
 class LlamaForCausalLM(nn.Module):
-    """Token ids in, next-token logits out; K/V live in `batch.kv`, written by the backend."""
+    """Token ids in, next-token logits out; K/V live in `batch.kv`, written by the backend.
+
+    `config` is the whole model's; `local_config` the shapes this rank builds (the same
+    without tensor parallelism)."""
 
     def __init__(
         self,
@@ -96,22 +111,26 @@ class LlamaForCausalLM(nn.Module):
         attn_backend: AttentionBackend,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        tp: TensorParallelGroup = SINGLE_RANK,
     ) -> None:
         super().__init__()
+        self.tp = tp
+        self.shard = LlamaShard(config, tp.rank, tp.size)
         self.config = config
+        self.local_config = local = self.shard.local_config()
         self.attn_backend = attn_backend
         self.embed_tokens = nn.Parameter(
-            torch.empty(config.vocab_size, config.hidden_size, device=device, dtype=dtype),
+            torch.empty(local.vocab_size, local.hidden_size, device=device, dtype=dtype),
             requires_grad=False,
         )
         self.rotary = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.rope_scaling, device
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, device, dtype) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(local, i, device, dtype, tp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, device, dtype)
+        self.lm_head = Linear(local.hidden_size, local.vocab_size, False, device, dtype)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
 
@@ -124,7 +143,7 @@ class LlamaForCausalLM(nn.Module):
         backend's `init_forward_metadata` first, so callers only build the batch.
         """
         self.attn_backend.init_forward_metadata(batch)
-        hidden = F.embedding(batch.input_ids, self.embed_tokens)
+        hidden = embed(batch.input_ids, self.embed_tokens, self.shard.vocab_start, self.tp)
         cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, batch, self.attn_backend)
@@ -137,7 +156,8 @@ class LlamaForCausalLM(nn.Module):
         if batch.row_multiple > 1:  # deterministic mode: a batch-invariant row count
             padded = max(batch.row_multiple, -(-rows // batch.row_multiple) * batch.row_multiple)
             hidden = torch.cat([hidden, hidden.new_zeros(padded - rows, hidden.shape[1])])
-        return self.lm_head(self.norm(hidden))[:rows].float()
+        logits = gather_logits(self.lm_head(self.norm(hidden)), self.config.vocab_size, self.tp)
+        return logits[:rows].float()
 
     def load_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
@@ -145,6 +165,7 @@ class LlamaForCausalLM(nn.Module):
         """Copy Hugging Face-named tensors into the (fused) parameters, converting dtype/device.
 
         Raises `ValueError` naming any unexpected tensor, or any expected one that never came.
+        With tensor parallelism the tensors are this rank's shards (`LlamaShard.read`).
         `lm_head.weight` is optional: without it (or with `tie_word_embeddings`) the output
         projection shares the embedding matrix.
         """
@@ -204,7 +225,7 @@ class LlamaForCausalLM(nn.Module):
         assert match is not None  # `name` passed the expected-name check
         layer = self.layers[int(match.group(1))]
         module, kind = match.group(2), match.group(3)
-        c = self.config
+        c = self.local_config
         fused_rows = {
             "self_attn.q_proj": (layer.self_attn.qkv_proj, 0),
             "self_attn.k_proj": (layer.self_attn.qkv_proj, c.q_size),

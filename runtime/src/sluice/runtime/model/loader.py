@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ import torch
 from sluice.runtime import constants
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.registry import create_attention_backend
+from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
+from sluice.runtime.distributed.sharding import WHOLE, TensorRead
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.llama import LlamaForCausalLM, model_class_for
 
@@ -205,14 +207,34 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(path: Path, device: torch.device | str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of every shard, read straight onto `device`."""
+def iter_safetensors(
+    path: Path, device: torch.device | str, plan: Callable[[str], TensorRead] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of every shard, read straight onto `device`; with `plan` (a tensor
+    parallel rank's `LlamaShard.read`), only the slice of each tensor the plan names."""
     from safetensors import safe_open
 
     for file in weight_files(path):
         with safe_open(str(file), framework="pt", device=str(device)) as handle:
             for name in handle.keys():
-                yield name, handle.get_tensor(name)
+                read = plan(name) if plan is not None else WHOLE
+                yield name, handle.get_tensor(name) if read.whole else _read_part(handle, name, read)
+
+
+def _read_part(handle: Any, name: str, read: TensorRead) -> torch.Tensor:
+    """The slice `read` names, read from the file alone (safetensors' `get_slice` copies
+    only the bytes of the slice out of the memory map)."""
+    part = handle.get_slice(name)
+    shape = list(part.get_shape())
+    if read.zeros:
+        return torch.zeros(shape)
+    rows = slice(*read.rows) if read.rows is not None else slice(None)
+    cols = slice(*read.cols) if read.cols is not None else slice(None)
+    tensor = part[rows] if len(shape) == 1 or read.cols is None else part[rows, cols]
+    if read.pad_rows > tensor.shape[0]:
+        pad = tensor.new_zeros(read.pad_rows - tensor.shape[0], *tensor.shape[1:])
+        tensor = torch.cat([tensor, pad])
+    return tensor
 
 
 def load_model(
@@ -220,8 +242,10 @@ def load_model(
     device: str | torch.device,
     dtype: torch.dtype,
     attention_backend: str | AttentionBackend = "auto",
+    tp: TensorParallelGroup = SINGLE_RANK,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Build the model for the folder's architecture and load its safetensors weights."""
+    """Build the model for the folder's architecture and load its safetensors weights (with
+    tensor parallelism, this rank's shard: it reads only its slices)."""
     path = Path(path)
     config = ModelConfig.from_pretrained(path)
     model_class = model_class_for(config)
@@ -230,8 +254,8 @@ def load_model(
         if isinstance(attention_backend, AttentionBackend)
         else create_attention_backend(attention_backend, device)
     )
-    model = model_class(config, backend, device=device, dtype=dtype)
-    model.load_weights(iter_safetensors(path, device))
+    model = model_class(config, backend, device=device, dtype=dtype, tp=tp)
+    model.load_weights(iter_safetensors(path, device, model.shard.read if tp.size > 1 else None))
     model.eval()
     return model, config
 

@@ -48,9 +48,13 @@ class GrammarQueue:
 
     def ready(self) -> tuple[list[Req], list[tuple[Req, FinishReason]]]:
         """Requests whose grammar compiled (matcher attached), and those whose failed."""
+        return self.take({req.rid for req, future in self.pending.values() if future.done()})
+
+    def take(self, rids: set[str]) -> tuple[list[Req], list[tuple[Req, FinishReason]]]:
+        """`ready()` for the requests `rids` (their compilations waited for if need be)."""
         done, failed = [], []
         for key, (req, future) in list(self.pending.items()):
-            if not future.done():
+            if req.rid not in rids:
                 continue
             del self.pending[key]
             try:

@@ -1,4 +1,8 @@
-"""The scheduler process: ZeroMQ in, scheduler ticks, ZeroMQ out."""
+"""The scheduler process: ZeroMQ in, scheduler ticks, ZeroMQ out.
+
+With tensor parallelism there is one per rank: rank 0 does all of the above and broadcasts
+each tick to the other ranks, which replay it (`distributed.follower`) and talk to no one.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,11 @@ from typing import Any
 import zmq
 
 from sluice.runtime.constrained import GrammarCompiler
+from sluice.runtime.distributed.follower import follow_leader
+from sluice.runtime.distributed.grammar_sync import grammar_queue
+from sluice.runtime.distributed.group import SINGLE_RANK, init_process_group
+from sluice.runtime.distributed.ticks import Tick, TickBroadcaster
+from sluice.runtime.distributed.topology import RankSpec
 from sluice.runtime.engine.executor import SyncExecutor, overlap_executor
 from sluice.runtime.engine.model_worker import ModelWorker, PoolLayout
 from sluice.runtime.ipc.messages import SchedulerStats
@@ -31,7 +40,6 @@ from sluice.runtime.ipc.sockets import (
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.request_slots import RequestSlots
 from sluice.runtime.scheduler.cache import KVCacheManager
-from sluice.runtime.scheduler.grammar import GrammarQueue
 from sluice.runtime.scheduler.hold_gate import HoldGate
 from sluice.runtime.scheduler.policy import PolicyConfig
 from sluice.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -49,8 +57,9 @@ def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
     """The scheduler for `args` over `worker`: its bookkeeping (pages, rows, prefix cache)
     is built here, sized to the worker's device pool."""
     executor = SyncExecutor(worker) if args.disable_overlap_schedule else overlap_executor(worker)
-    grammars = GrammarQueue(
-        GrammarCompiler(worker.tokenizer, worker.model_config.vocab_size, worker.eos_token_ids)
+    grammars = grammar_queue(
+        GrammarCompiler(worker.tokenizer, worker.model_config.vocab_size, worker.eos_token_ids),
+        worker.tp,
     )
     return Scheduler(
         scheduler_config(args, worker.context_len),
@@ -93,42 +102,61 @@ def scheduler_config(args: ServerArgs, context_len: int) -> SchedulerConfig:
 
 
 def run_scheduler_process(
-    args: ServerArgs, model_path: str, port_args: PortArgs, ready: Connection
+    args: ServerArgs,
+    model_path: str,
+    port_args: PortArgs,
+    ready: Connection | None,
+    rank: RankSpec | None = None,
 ) -> None:
+    """One scheduler + model worker; `rank` places it in a tensor-parallel group (only rank
+    0 gets the `ready` pipe and the sockets)."""
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     parent = os.getppid()
+    name = rank.process_name if rank is not None else "scheduler"
     try:
-        worker = ModelWorker(args, model_path)
+        tp = SINGLE_RANK
+        if rank is not None and rank.size > 1:
+            logger.info("%s: pid %d", name, os.getpid())
+            tp = init_process_group(rank, args.resolved_device)
+        worker = ModelWorker(args, model_path, tp)
         scheduler = build_scheduler(args, worker)
+        overlap = not args.disable_overlap_schedule
+        if not tp.is_leader:
+            follow_leader(scheduler, tp, overlap)
+            return
         ctx = zmq.Context()
         inbox = pull_socket(ctx, port_args.scheduler_input)
         outbox = push_socket(ctx, port_args.detokenizer_input)
+        assert ready is not None
         ready.send(worker.ready_message())
         ready.close()
         logger.info(
-            "scheduler ready: KV pool %d tokens (%d pages of %d), %d request slots, context %d",
+            "scheduler ready: KV pool %d tokens (%d pages of %d), %d request slots, context %d%s",
             worker.pool.total_tokens,
             scheduler.cache.allocator.num_pages,
             args.page_size,
             args.max_running_requests,
             worker.context_len,
+            f", tensor parallel over {tp.size} ranks" if tp.size > 1 else "",
         )
         serve_forever(
             scheduler,
             inbox,
             outbox,
             parent,
-            not args.disable_overlap_schedule,
+            overlap,
             args.log_tick_timing,
             HoldGate.from_env(),
+            TickBroadcaster(tp) if tp.size > 1 else None,
         )
     except Exception:
-        logger.error("scheduler process crashed:\n%s", traceback.format_exc())
+        logger.error("%s process crashed:\n%s", name, traceback.format_exc())
         try:
-            ready.send(None)
+            if ready is not None:
+                ready.send(None)
         except Exception:
             pass
         sys.exit(1)
@@ -142,6 +170,7 @@ def serve_forever(
     overlap: bool = False,
     timing_interval_s: float = 0.0,
     hold_gate: HoldGate | None = None,
+    followers: TickBroadcaster | None = None,
 ) -> None:
     publisher = StatsPublisher()
     step = scheduler.step_overlap if overlap else scheduler.step
@@ -149,7 +178,8 @@ def serve_forever(
     last_timing = time.monotonic()
     while True:
         paused = hold_gate is not None and hold_gate.paused
-        if scheduler.has_work and not paused:
+        idle = not scheduler.has_work or paused
+        if not idle:
             msgs = recv_all_nowait(inbox)
         else:
             scheduler.on_idle()  # reset new_token_ratio and check integrity before waiting
@@ -158,11 +188,16 @@ def serve_forever(
             msgs = [] if first is None else [first, *recv_all_nowait(inbox)]
             if first is None and os.getppid() != parent:
                 logger.error("the server process is gone; scheduler exiting")
+                if followers is not None:
+                    followers.publish(Tick(stop=True))
                 return
+        # read again: a test pauses before it sends, so what woke us up sees the pause
+        run = not (hold_gate is not None and hold_gate.paused)
+        if followers is not None:  # before handling: handling edits the messages
+            followers.publish(Tick(idle, run, False, msgs))
         for msg in msgs:
             scheduler.handle(msg)
-        # read again: a test pauses before it sends, so what woke us up sees the pause
-        if not (hold_gate is not None and hold_gate.paused):
+        if run:
             step()
         if timing_interval_s and time.monotonic() - last_timing >= timing_interval_s:
             last_timing = time.monotonic()
