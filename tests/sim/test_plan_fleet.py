@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import server_args, synthetic_calibration
+from sim_testkit import server_args, synthetic_calibration
 
 from sluice.runtime.cli import main
 from sluice.runtime.engine.model_worker import ModelWorker

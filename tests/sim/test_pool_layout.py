@@ -4,7 +4,7 @@ the real worker built with the same flags)."""
 from __future__ import annotations
 
 import pytest
-from conftest import server_args, synthetic_calibration
+from sim_testkit import server_args, synthetic_calibration
 
 from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.sim.replica import pool_layout

@@ -10,7 +10,7 @@ import random
 import time
 
 import pytest
-from conftest import server_args
+from sim_testkit import server_args
 
 from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.ipc.messages import SamplingParams, TokenizedGenerateReq

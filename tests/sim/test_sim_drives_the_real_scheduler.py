@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import synthetic_calibration
+from sim_testkit import synthetic_calibration
 
 from sluice.runtime.ipc.messages import SamplingParams, TokenizedGenerateReq
 from sluice.runtime.sim.cost_model import LinearCost

@@ -5,7 +5,7 @@ processed and N+1 scheduled. The costs are chosen, so every time is known exactl
 from __future__ import annotations
 
 import pytest
-from conftest import server_args, synthetic_calibration
+from sim_testkit import server_args, synthetic_calibration
 
 from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.sim.client import ClientRequest, replay

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import server_args, synthetic_calibration
+from sim_testkit import server_args, synthetic_calibration
 
 from sluice.runtime.cli import main
 from sluice.runtime.engine.model_worker import ModelWorker
