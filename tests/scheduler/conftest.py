@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import wait
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,10 @@ class Harness:
     def submit(self, rid: str, input_ids: list[int], **sampling: object) -> None:
         params = SamplingParams(**{"temperature": 0.0, **sampling})
         self.scheduler.handle(TokenizedGenerateReq(rid, list(input_ids), params))
+        if self.scheduler.grammars:
+            # a grammar compiles on a thread: waiting here makes the tick that admits the
+            # request the same on every run (not whichever tick the compiler finishes by)
+            wait([future for _, future in self.scheduler.grammars.pending.values()])
 
     def abort(self, rid: str) -> None:
         self.scheduler.handle(AbortReq(rid))
