@@ -6,6 +6,7 @@
 #   crds/inferenceservice.yaml                 -> charts/sluice/crds/inferenceservice.yaml
 #   monitoring/grafana/sluice-dashboard.json   -> charts/sluice/files/grafana/
 #   monitoring/prometheus/alerts.yaml          -> charts/sluice/files/prometheus/
+#   monitoring/prometheus/saturation.yaml      -> charts/sluice/files/prometheus/
 #   monitoring/prometheus-adapter/rules.yaml   -> charts/sluice/files/prometheus-adapter/
 #   the same rules as prometheus-adapter chart values -> charts/sluice/files/prometheus-adapter-values.yaml
 #   operator/src/sluice/operator/rbac.py (REQUIRED_PERMISSIONS)    -> charts/sluice/files/operator-rbac.yaml
@@ -26,10 +27,12 @@ copy() {  # copy SRC DEST_DIR
 copy crds/inferenceservice.yaml "$CHART/crds"
 copy monitoring/grafana/sluice-dashboard.json "$CHART/files/grafana"
 copy monitoring/prometheus/alerts.yaml "$CHART/files/prometheus"
+copy monitoring/prometheus/saturation.yaml "$CHART/files/prometheus"
 copy monitoring/prometheus-adapter/rules.yaml "$CHART/files/prometheus-adapter"
 
 # The adapter rules as values for the prometheus-community/prometheus-adapter chart: the
-# list under `rules:` in rules.yaml goes under `rules.custom`, comments kept.
+# list under `rules:` in rules.yaml goes under `rules.custom`, the one under
+# `externalRules:` under `rules.external`, comments kept.
 adapter_values="$CHART/files/prometheus-adapter-values.yaml"
 {
     cat <<'EOF'
@@ -52,8 +55,12 @@ rules:
   default: false
   custom:
 EOF
-    # every line after `rules:` (the rule list), indented to sit under `custom:`
-    sed -n '/^rules:/,$p' monitoring/prometheus-adapter/rules.yaml | tail -n +2 \
+    # the lines between `rules:` and `externalRules:` (the rule list, and the comment that
+    # introduces the external rules), indented to sit under `custom:`
+    sed -n '/^rules:/,/^externalRules:/p' monitoring/prometheus-adapter/rules.yaml | sed -e '1d;$d' \
+        | sed -e 's/^\(.\)/  \1/'
+    echo "  external:"
+    sed -n '/^externalRules:/,$p' monitoring/prometheus-adapter/rules.yaml | tail -n +2 \
         | sed -e 's/^\(.\)/  \1/'
 } >"$adapter_values"
 echo "generated $adapter_values"

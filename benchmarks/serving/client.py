@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import numpy as np
 
 from benchmarks.serving.dataset import BenchRequest
 from benchmarks.serving.metrics import RequestResult
+from sluice.runtime.workload.arrivals import arrival_offsets
 
 COMPLETIONS_PATH = "/v1/completions"
 MODELS_PATH = "/v1/models"
@@ -53,17 +53,6 @@ def build_payload(config: LoadConfig, prompt: str, max_tokens: int) -> dict[str,
         "ignore_eos": config.ignore_eos,
         **config.extra_body,
     }
-
-
-def arrival_offsets(n: int, request_rate: float, seed: int) -> list[float]:
-    """Send times in seconds after the start: 0 for all at rate inf, else Poisson arrivals
-    (exponential gaps of mean 1/rate, the first request at 0)."""
-    if request_rate <= 0:
-        raise ValueError(f"request rate must be > 0, got {request_rate}")
-    if math.isinf(request_rate) or n == 0:
-        return [0.0] * n
-    gaps = np.random.default_rng([seed, 1]).exponential(1.0 / request_rate, size=n - 1)
-    return [0.0, *np.cumsum(gaps).tolist()]
 
 
 def parse_sse_line(line: str) -> dict[str, Any] | str | None:

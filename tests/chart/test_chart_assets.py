@@ -11,6 +11,7 @@ COPIES = {
     "crds/inferenceservice.yaml": "crds/inferenceservice.yaml",
     "monitoring/grafana/sluice-dashboard.json": "files/grafana/sluice-dashboard.json",
     "monitoring/prometheus/alerts.yaml": "files/prometheus/alerts.yaml",
+    "monitoring/prometheus/saturation.yaml": "files/prometheus/saturation.yaml",
     "monitoring/prometheus-adapter/rules.yaml": "files/prometheus-adapter/rules.yaml",
 }
 
@@ -28,8 +29,9 @@ def test_helm_installs_the_crd_exactly_as_written():
 
 def test_prometheus_adapter_values_hold_the_adapter_rules():
     values = load_yaml(CHART_DIR / "files/prometheus-adapter-values.yaml")
-    rules = load_yaml(REPO / "monitoring/prometheus-adapter/rules.yaml")["rules"]
-    assert values["rules"]["custom"] == rules, SYNC
+    rules = load_yaml(REPO / "monitoring/prometheus-adapter/rules.yaml")
+    assert values["rules"]["custom"] == rules["rules"], SYNC
+    assert values["rules"]["external"] == rules["externalRules"], SYNC
     assert values["rules"]["default"] is False
     assert values["prometheus"]["url"].startswith("http")
 
@@ -41,9 +43,10 @@ def test_grafana_configmap_holds_the_dashboard_unchanged():
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
-def test_prometheus_rule_holds_the_alert_groups_unchanged():
+def test_prometheus_rule_holds_the_alert_and_saturation_groups_unchanged():
     rule = one(render_objects(ALL_ON), "PrometheusRule")
     alerts = load_yaml(REPO / "monitoring/prometheus/alerts.yaml")
-    assert rule["spec"] == {"groups": alerts["groups"]}
+    saturation = load_yaml(REPO / "monitoring/prometheus/saturation.yaml")
+    assert rule["spec"] == {"groups": alerts["groups"] + saturation["groups"]}
     # Prometheus' own templates survive Helm's: they are data, never rendered by Helm
     assert "{{ $labels.pod }}" in str(rule["spec"])

@@ -29,6 +29,7 @@ DASHBOARD = MONITORING / "grafana" / "sluice-dashboard.json"
 ALERTS = MONITORING / "prometheus" / "alerts.yaml"
 ALERTS_TEST = MONITORING / "prometheus" / "alerts.test.yaml"
 ADAPTER_RULES = MONITORING / "prometheus-adapter" / "rules.yaml"
+SATURATION = MONITORING / "prometheus" / "saturation.yaml"
 
 # the live runtime the tests start (conftest.py)
 MODEL = "tiny-llama"  # the served name: the model folder's name
@@ -273,7 +274,7 @@ class BackgroundLoad:
 class Query:
     source: str  # where it is written, for messages
     expr: str  # as written in the asset, placeholders included
-    kind: str  # "dashboard" | "alert" | "adapter" | "variable"
+    kind: str  # "dashboard" | "alert" | "adapter" | "adapter-external" | "variable" | "recording" | "recorded"
     metric: str = ""  # adapter rules: the series <<.Series>> stands for
 
 
@@ -323,22 +324,43 @@ def adapter_rules() -> list[dict[str, Any]]:
     return yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
 
 
+def adapter_external_rules() -> list[dict[str, Any]]:
+    return yaml.safe_load(ADAPTER_RULES.read_text())["externalRules"]
+
+
 def adapter_queries() -> list[Query]:
     out = []
-    for rule in adapter_rules():
-        metric = re.match(r"\s*([a-zA-Z_:][a-zA-Z0-9_:]*)", rule["seriesQuery"]).group(1)
-        out.append(Query(f"adapter seriesQuery {metric}", rule["seriesQuery"], "adapter", metric))
-        out.append(Query(f"adapter metricsQuery {metric}", rule["metricsQuery"], "adapter", metric))
+    for kind, rules in (("adapter", adapter_rules()), ("adapter-external", adapter_external_rules())):
+        for rule in rules:
+            metric = re.match(r"\s*([a-zA-Z_:][a-zA-Z0-9_:]*)", rule["seriesQuery"]).group(1)
+            out.append(Query(f"{kind} seriesQuery {metric}", rule["seriesQuery"], kind, metric))
+            out.append(Query(f"{kind} metricsQuery {metric}", rule["metricsQuery"], kind, metric))
     return out
 
 
+def saturation_rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(SATURATION.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def recording_queries() -> list[Query]:
+    return [Query(f"recording rule {r['record']}", r["expr"], "recording") for r in saturation_rules()]
+
+
 def all_queries() -> list[Query]:
-    return dashboard_queries() + dashboard_variable_queries() + alert_queries() + adapter_queries()
+    return (
+        dashboard_queries() + dashboard_variable_queries() + alert_queries() + adapter_queries()
+        + recording_queries()
+    )
 
 
 def substitute(q: Query, namespace: str, model: str, pod: str, rate_interval: str) -> str:
-    """The expression as Grafana or prometheus-adapter would send it for one pod."""
+    """The expression as Grafana or prometheus-adapter would send it for one pod (external
+    metrics: for the pod's InferenceService, as the operator's HPA selects it). Recording
+    rules are sent as written."""
     expr = q.expr
+    if q.kind == "recording":
+        return expr
     for name, value in (
         ("__rate_interval", rate_interval),
         ("namespace", namespace),
@@ -346,6 +368,9 @@ def substitute(q: Query, namespace: str, model: str, pod: str, rate_interval: st
     ):
         expr = expr.replace("${" + name + "}", value).replace("$" + name, value)
     expr = expr.replace("<<.Series>>", q.metric)
+    if q.kind == "adapter-external":
+        service = pod.rsplit("-", 2)[0]  # <deployment>-<pod-template-hash>-<suffix>
+        expr = expr.replace("<<.LabelMatchers>>", f'namespace="{namespace}",{C.SATURATION_SERVICE_LABEL}="{service}"')
     expr = expr.replace("<<.LabelMatchers>>", f'namespace="{namespace}",pod="{pod}"')
     expr = expr.replace("<<.GroupBy>>", "pod")
     assert "$" not in expr.replace("$labels", "") and "<<" not in expr, expr

@@ -16,6 +16,7 @@ from metrics_testkit import (
     ALERTS_TEST,
     CONSTANT_METRICS,
     DOCUMENTED,
+    adapter_external_rules,
     adapter_rules,
     alert_queries,
     alert_rules,
@@ -24,6 +25,7 @@ from metrics_testkit import (
     dashboard_panels,
     dashboard_queries,
     metric_names,
+    saturation_rules,
     substitute,
 )
 
@@ -189,7 +191,19 @@ def test_adapter_exposes_the_hpa_metrics_per_pod():
 
 def test_adapter_rules_file_is_the_adapters_config_shape():
     doc = yaml.safe_load(ADAPTER_RULES.read_text())
-    assert list(doc) == ["rules"]
+    assert list(doc) == ["rules", "externalRules"]
+
+
+def test_adapter_serves_the_saturation_count_as_an_external_metric():
+    (rule,) = adapter_external_rules()
+    assert rule["name"]["as"] == C.HPA_METRIC_SATURATION
+    assert re.fullmatch(rule["name"]["matches"], C.SATURATION_RECORDED_METRIC)
+    assert rule["seriesQuery"].startswith(C.SATURATION_RECORDED_METRIC + "{")
+    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}}
+    # one series per InferenceService: the HPA sums what the selector matches
+    assert f"by (namespace, {C.SATURATION_SERVICE_LABEL})" in rule["metricsQuery"]
+    recorded = {r["record"] for r in saturation_rules()}
+    assert C.SATURATION_RECORDED_METRIC in recorded
 
 
 # --- every expression parses --------------------------------------------------------------------

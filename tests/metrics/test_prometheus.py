@@ -29,14 +29,18 @@ import yaml
 from metrics_testkit import (
     ALERTS,
     MODEL,
+    SATURATION,
     BackgroundLoad,
+    Query,
     adapter_queries,
     alert_queries,
     alert_rules,
     dashboard_queries,
     dashboard_variable_queries,
     eventually,
+    recording_queries,
     run_load,
+    saturation_rules,
     substitute,
 )
 from server_process import free_port  # noqa: E402
@@ -89,9 +93,13 @@ class Prometheus:
     url: str
     log: Path
 
-    def query(self, expr: str) -> dict[str, Any]:
-        """The /api/v1/query answer (status, data or error) for an instant query now."""
-        r = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=30)
+    def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
+        """The /api/v1/query answer (status, data or error) for an instant query now, or at
+        the Unix time `at` (answers at one `at` all see the same samples)."""
+        params: dict[str, Any] = {"query": expr}
+        if at is not None:
+            params["time"] = at
+        r = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=30)
         return r.json()
 
     def log_tail(self) -> str:
@@ -109,7 +117,7 @@ def prometheus(
         "global": {
             "scrape_interval": "250ms", "evaluation_interval": "1s", "scrape_timeout": "250ms",
         },
-        "rule_files": [str(ALERTS)],
+        "rule_files": [str(ALERTS), str(SATURATION)],
         "scrape_configs": [
             {
                 "job_name": "sluice",
@@ -219,14 +227,21 @@ def burst_seen(prometheus, runtime) -> dict[str, float]:
     return seen
 
 
+PEAK_RECORDS = ("sluice:pod_kv_token_usage:max1m", "sluice:pod_queue_requests:max1m")
+UNSATURATED_FILTERS = ("sluice:pod_unsaturated_kv_token_usage:max1m", "sluice:pod_unsaturated_queue_requests:max1m")
+
+
 @pytest.fixture(scope="module")
 def evaluated(prometheus, runtime, burst_seen) -> dict[str, Any]:
     """Every query's answer, evaluated while the runtime is under load, after a burst that
     retracted, with Prometheus holding a few seconds of samples."""
     queries = (
         dashboard_queries() + dashboard_variable_queries() + alert_queries() + adapter_queries()
+        + recording_queries()
     )
     sel = f'{{namespace="{NAMESPACE}",pod="{POD}"}}'
+    # the saturation rules run every 15 s: wait for their first evaluation
+    eventually(lambda: not math.isnan(_value(prometheus.query(C.SATURATION_RECORDED_METRIC))), timeout=60)
     with BackgroundLoad(runtime.url, steady_request, concurrency=3) as load:
         eventually(lambda: load.done >= 3, timeout=120)
         eventually(
@@ -235,11 +250,14 @@ def evaluated(prometheus, runtime, burst_seen) -> dict[str, Any]:
             ),
             timeout=30,
         )
+        at = time.time()  # every answer at one instant: they agree with each other
         answers = {
-            q.source: (q, expr, prometheus.query(expr))
+            q.source: (q, expr, prometheus.query(expr, at))
             for q in queries
             for expr in [substitute(q, NAMESPACE, MODEL, POD, RATE_INTERVAL)]
         }
+        for name in PEAK_RECORDS:  # the recorded peaks the filter rules read, at the same instant
+            answers[f"recorded {name}"] = (Query(name, name, "recorded"), name, prometheus.query(name, at))
         load_errors = list(load.errors)
     assert not load_errors, load_errors
     return answers
@@ -264,16 +282,40 @@ def test_every_expression_parses_and_evaluates(evaluated):
         if answer.get("status") != "success"
     }
     assert not failed, failed
-    assert len(evaluated) == len(dashboard_queries()) + 2 + len(alert_queries()) + 4
+    assert len(evaluated) == (
+        len(dashboard_queries()) + 2 + len(alert_queries()) + 6 + len(recording_queries())
+        + len(PEAK_RECORDS)
+    )
 
 
 def test_dashboard_and_adapter_queries_return_data(evaluated):
     empty = [
         f"{source}: {expr}"
         for source, (q, expr, answer) in evaluated.items()
-        if q.kind in ("dashboard", "variable", "adapter") and not _results(answer)
+        if q.kind in ("dashboard", "variable", "adapter", "adapter-external", "recording")
+        and not any(source.endswith(name) for name in UNSATURATED_FILTERS)
+        and not _results(answer)
     ]
     assert not empty, "\n".join(empty)
+
+
+def test_the_unsaturated_filters_keep_the_pod_exactly_when_it_is_unsaturated(evaluated):
+    """The filter rules have no series for a saturated pod (the burst's queue of 5 can still
+    be inside the 1m window): each has the pod iff both its peaks, at the same instant, are
+    below the thresholds."""
+    from sluice.runtime.sim.plan.saturation import SaturationConfig
+
+    def peak(record: str) -> float:
+        (series,) = _results(evaluated[f"recorded {record}"][2])
+        assert series["metric"]["pod"] == POD
+        return float(series["value"][1])
+
+    cfg = SaturationConfig()
+    kv, queue = (peak(name) for name in PEAK_RECORDS)
+    unsaturated = kv < cfg.kv_threshold and queue < cfg.queue_threshold
+    for name in UNSATURATED_FILTERS:
+        pods = [r["metric"]["pod"] for r in _results(evaluated[f"recording rule {name}"][2])]
+        assert pods == ([POD] if unsaturated else []), (name, kv, queue)
 
 
 def test_adapter_queries_give_one_value_per_pod(evaluated):
@@ -286,6 +328,13 @@ def test_adapter_queries_give_one_value_per_pod(evaluated):
         assert 0 <= value, source
         if q.metric == C.HPA_METRIC_KV_TOKEN_USAGE:
             assert value <= 1
+
+
+def test_the_saturation_metric_is_one_count_for_the_runtimes_service(evaluated):
+    (q, _, answer) = next(v for s, v in evaluated.items() if s.startswith("adapter-external metricsQuery"))
+    (series,) = _results(answer)
+    assert series["metric"] == {"namespace": NAMESPACE, C.SATURATION_SERVICE_LABEL: DEPLOYMENT}
+    assert float(series["value"][1]) in (1.0, 2.0)  # one pod: hold, or one more when saturated
 
 
 def test_load_shows_in_the_core_panels(prometheus, burst_seen, evaluated):
@@ -319,8 +368,9 @@ def test_alert_rules_load_and_evaluate_without_error(prometheus, evaluated):
         found = [r for g in groups for r in g["rules"]]
         return found if found and all(r["health"] != "unknown" for r in found) else []
 
-    found = eventually(evaluated_rules, timeout=30)
-    assert {r["name"] for r in found} == {r["alert"] for r in alert_rules()}
+    found = eventually(evaluated_rules, timeout=60)
+    assert {r["name"] for r in found if r["type"] == "alerting"} == {r["alert"] for r in alert_rules()}
+    assert {r["name"] for r in found if r["type"] == "recording"} == {r["record"] for r in saturation_rules()}
     unhealthy = {r["name"]: r.get("lastError") for r in found if r["health"] != "ok"}
     assert not unhealthy, unhealthy
 

@@ -162,6 +162,12 @@ INVALID_CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "spec.autoscaling.metrics[0].type",
     ),
     (
+        "autoscaling-unknown-policy",
+        "chat",
+        _spec(autoscaling={"enabled": True, "policy": "predictive"}),
+        "spec.autoscaling.policy",
+    ),
+    (
         "autoscaling-no-metrics",
         "chat",
         _spec(autoscaling={"metrics": []}),

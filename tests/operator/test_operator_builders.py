@@ -419,6 +419,26 @@ def test_hpa_is_exactly_this(make_spec):
     }
 
 
+def test_saturation_hpa_reads_the_recorded_replica_count_of_its_service(make_spec):
+    isvc = make_spec(autoscaling={"enabled": True, "policy": "saturation", "maxReplicas": 8})
+
+    hpa = build_hpa(isvc)
+    assert hpa["spec"]["metrics"] == [
+        {
+            "type": "External",
+            "external": {
+                "metric": {
+                    "name": "sluice_saturation_desired_replicas",
+                    "selector": {"matchLabels": {"inferenceservice": "chat"}},
+                },
+                "target": {"type": "AverageValue", "averageValue": "1"},
+            },
+        }
+    ]
+    assert hpa["spec"]["maxReplicas"] == 8
+    assert hpa["spec"]["behavior"]["scaleDown"] == {"stabilizationWindowSeconds": 300}
+
+
 def test_pdb_is_exactly_this(make_spec):
     assert build_pdb(make_spec(replicas=2)) == {
         "apiVersion": "policy/v1",

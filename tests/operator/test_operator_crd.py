@@ -103,6 +103,13 @@ def test_enums_match_the_runtime_and_operator_constants(crd):
     assert tuple(status["phase"]["enum"]) == c.PHASES
 
 
+def test_the_default_autoscaling_metrics_are_the_operators(crd):
+    """One default, in the CRD and in the operator (docs/autoscaling.md records the `sluice
+    plan` run it comes from)."""
+    metrics = spec_schema(crd)["properties"]["autoscaling"]["properties"]["metrics"]
+    assert [(m["type"], m["target"]) for m in metrics["default"]] == list(c.DEFAULT_METRICS)
+
+
 def test_cel_lists_match_the_operator(crd):
     spec = spec_schema(crd)["properties"]
     flags_rule = spec["runtime"]["properties"]["extraArgs"]["x-kubernetes-validations"][0]["rule"]
@@ -155,6 +162,10 @@ def test_bounds_match_the_operator(crd):
             "model": {"source": "bundled://smollm2-135m"},
             "inferencePool": {"enabled": True, "endpointPickerRef": {"name": "e"}},
         },
+        {
+            "model": {"source": "bundled://smollm2-135m"},
+            "autoscaling": {"enabled": True, "policy": "saturation"},
+        },
     ],
     ids=[
         "bundled",
@@ -167,6 +178,7 @@ def test_bounds_match_the_operator(crd):
         "router",
         "inference-pool",
         "endpoint-picker",
+        "saturation",
     ],  # fmt: skip
 )
 def test_crd_defaults_agree_with_the_operator_defaults(crd_validator, spec):

@@ -41,6 +41,14 @@ def test_the_validation_is_strict_enough_to_fail(make_spec):
         k8s_validate(deployment)
 
 
+def test_the_saturation_hpa_is_valid_kubernetes(make_spec):
+    isvc = make_spec(autoscaling={"enabled": True, "policy": "saturation", "minReplicas": 2})
+    (hpa,) = [o for o in plan(isvc, podmonitors=None, run_as_user=None).apply
+              if o["kind"] == "HorizontalPodAutoscaler"]  # fmt: skip
+    k8s_validate(hpa)
+    assert hpa["spec"]["metrics"][0]["type"] == "External"
+
+
 def test_every_new_pod_option_is_valid_kubernetes(make_spec):
     isvc = make_spec(
         model={"source": "hf://org/m-GGUF", "files": ["m-q4.gguf"], "cache": {"claimName": "hub"}},

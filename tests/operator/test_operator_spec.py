@@ -32,7 +32,7 @@ def test_minimal_spec_gets_the_documented_defaults(make_spec):
         enabled=False,
         min_replicas=1,
         max_replicas=4,
-        metrics=(MetricTarget("queueDepth", 8.0),),
+        metrics=(MetricTarget("queueDepth", 2.0),),
         scale_up=ScalingRules(0),
         scale_down=ScalingRules(300),
     )

@@ -92,7 +92,8 @@ DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_TENSOR_PARALLEL_SIZE = 1
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_MAX_REPLICAS = 4
-DEFAULT_METRICS = (("queueDepth", 8.0),)
+DEFAULT_METRICS = (("queueDepth", 2.0),)  # from the `sluice plan` run in docs/autoscaling.md
+DEFAULT_AUTOSCALING_POLICY = "hpa"
 DEFAULT_SCALE_UP_WINDOW_SECONDS = 0
 DEFAULT_SCALE_DOWN_WINDOW_SECONDS = 300
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 1800
@@ -113,6 +114,11 @@ MAX_EXTRA_ARGS = 32
 METRIC_QUEUE_DEPTH = "queueDepth"
 METRIC_KV_TOKEN_USAGE = "kvTokenUsage"
 METRIC_TYPES = (METRIC_QUEUE_DEPTH, METRIC_KV_TOKEN_USAGE)
+# autoscaling.policy: hpa (the HPA on the per-pod metrics above) or saturation (the HPA on
+# the External metric the saturation recording rule computes, see builders/hpa.py)
+POLICY_HPA = "hpa"
+POLICY_SATURATION = "saturation"
+AUTOSCALING_POLICIES = (POLICY_HPA, POLICY_SATURATION)
 
 # --- status --------------------------------------------------------------------------------------
 PHASE_PENDING = "Pending"

@@ -272,8 +272,11 @@ def abbreviates(arg: str) -> str | None:
 def _autoscaling(r: Reader, spec: Mapping[str, Any]) -> Autoscaling:
     a = r.mapping(spec, "autoscaling", "spec.autoscaling")
     p = "spec.autoscaling"
-    r.known(a, ("enabled", "minReplicas", "maxReplicas", "metrics", "behavior"), p)
+    r.known(a, ("enabled", "policy", "minReplicas", "maxReplicas", "metrics", "behavior"), p)
     enabled = r.boolean(a, "enabled", f"{p}.enabled", default=False)
+    policy = r.string(
+        a, "policy", f"{p}.policy", default=c.DEFAULT_AUTOSCALING_POLICY, choices=c.AUTOSCALING_POLICIES
+    ) or c.DEFAULT_AUTOSCALING_POLICY
     low = r.integer(
         a,
         "minReplicas",
@@ -302,7 +305,7 @@ def _autoscaling(r: Reader, spec: Mapping[str, Any]) -> Autoscaling:
     down = _scaling_rules(
         r, behavior, "scaleDown", f"{p}.behavior.scaleDown", c.DEFAULT_SCALE_DOWN_WINDOW_SECONDS
     )
-    return Autoscaling(enabled, low, high, metrics, up, down)
+    return Autoscaling(enabled, low, high, metrics, up, down, policy)
 
 
 def _metrics(r: Reader, a: Mapping[str, Any], p: str) -> tuple[MetricTarget, ...]:

@@ -122,6 +122,7 @@ class Autoscaling:
     metrics: tuple[MetricTarget, ...] = tuple(MetricTarget(t, v) for t, v in c.DEFAULT_METRICS)
     scale_up: ScalingRules = ScalingRules(c.DEFAULT_SCALE_UP_WINDOW_SECONDS)
     scale_down: ScalingRules = ScalingRules(c.DEFAULT_SCALE_DOWN_WINDOW_SECONDS)
+    policy: str = c.DEFAULT_AUTOSCALING_POLICY  # hpa: `metrics`; saturation: the recording rule
 
 
 @dataclass(frozen=True)

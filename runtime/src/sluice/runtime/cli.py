@@ -1,4 +1,5 @@
-"""`sluice` command line: `sluice serve [flags]`, `sluice router [flags]`."""
+"""`sluice` command line: `serve` and `router` (the runtime), and `calibrate`, `simulate`
+and `plan` (capacity planning on the real scheduler, `sluice.runtime.sim`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     ServerArgs.add_cli_args(serve)
     router = sub.add_parser("router", help="route requests across several runtime servers")
     RouterArgs.add_cli_args(router)
+    from sluice.runtime.sim import cli as sim_cli  # light: flags only, no torch
+
+    sim_cli.add_subcommands(sub)
     return parser
 
 
@@ -45,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         from sluice.runtime.router.server import run_router  # no model, no torch
 
         return run_router(router_args)
+    from sluice.runtime.sim import cli as sim_cli
+
+    if ns.command in sim_cli.COMMANDS:
+        return sim_cli.run(ns)
     return 2
 
 

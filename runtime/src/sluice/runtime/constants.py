@@ -89,6 +89,22 @@ REQUEST_STATUSES = ("stop", "length", "abort", "error", "timeout", "rejected")
 HPA_METRIC_QUEUE_DEPTH = METRIC_QUEUE_REQUESTS
 HPA_METRIC_KV_TOKEN_USAGE = METRIC_KV_TOKEN_USAGE
 
+# The saturation policy (monitoring/prometheus/saturation.yaml, `sluice plan`): a recording
+# rule turns every InferenceService's per-pod peaks (max over SATURATION_WINDOW) into the
+# replica count it needs, which the HPA reads as an External metric with an AverageValue
+# target of 1. A pod is saturated at KV usage >= the KV threshold or a queue >= the queue
+# threshold; the service scales up when the unsaturated pods' average spare KV or queue
+# room falls below its trigger, down when one pod fewer would still keep both.
+SATURATION_RECORDED_METRIC = "sluice:saturation_desired_replicas"
+HPA_METRIC_SATURATION = "sluice_saturation_desired_replicas"  # its name in external.metrics.k8s.io
+SATURATION_SERVICE_LABEL = "inferenceservice"  # the label the rule groups pods by
+SATURATION_KV_THRESHOLD = 0.8
+SATURATION_QUEUE_THRESHOLD = 5.0
+SATURATION_KV_SPARE_TRIGGER = 0.1
+SATURATION_QUEUE_SPARE_TRIGGER = 3.0
+SATURATION_WINDOW = "1m"
+SATURATION_RULE_INTERVAL = "15s"
+
 # histogram buckets (seconds); the dashboard's quantiles are only as fine as these
 TTFT_BUCKETS_SECONDS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,

@@ -19,8 +19,13 @@ def option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> A
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser, cls: type, only: tuple[str, ...] | None = None
+) -> None:
+    """`--field-name` for every field of `cls` (or only the fields named in `only`)."""
     for f in dataclasses.fields(cls):
+        if only is not None and f.name not in only:
+            continue
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata["help"]
         if f.type in ("bool", bool):

@@ -28,7 +28,7 @@ from sluice.runtime.distributed.ticks import Tick, TickBroadcaster
 from sluice.runtime.distributed.topology import RankSpec
 from sluice.runtime.engine.executor import SyncExecutor, overlap_executor
 from sluice.runtime.engine.fault_injection import FaultPlan
-from sluice.runtime.engine.model_worker import ModelWorker
+from sluice.runtime.engine.model_worker import ModelWorker, PoolLayout
 from sluice.runtime.ipc.messages import SchedulerStats
 from sluice.runtime.ipc.sockets import (
     PortArgs,
@@ -58,17 +58,38 @@ PAUSED_POLL_S = 0.01  # how often a paused scheduler (test hold gate) looks for 
 def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
     """The scheduler for `args` over `worker`: its bookkeeping (pages, rows, prefix cache)
     is built here, sized to the worker's device pool."""
-    pool = worker.pool
-    cache = KVCacheManager.create(
+    executor = SyncExecutor(worker) if args.disable_overlap_schedule else overlap_executor(worker)
+    grammars = grammar_queue(
+        GrammarCompiler(worker.tokenizer, worker.model_config.vocab_size, worker.eos_token_ids),
+        worker.tp,
+    )
+    return Scheduler(
+        scheduler_config(args, worker.context_len, worker.model_config.vocab_size),
+        kv_cache(args, worker.pool),
+        executor,
+        worker.eos_token_ids,
+        decode_text=worker.decode_text,
+        grammars=grammars,
+    )
+
+
+def kv_cache(args: ServerArgs, pool: PoolLayout) -> KVCacheManager:
+    """The host bookkeeping of a worker's pool: pages, request rows, the prefix cache."""
+    return KVCacheManager.create(
         TokenToKVPoolAllocator(pool.total_tokens, pool.page_size),
         RequestSlots(pool.rows, pool.context_len + pool.page_size),
         enable_radix=not args.disable_radix_cache,
     )
-    config = SchedulerConfig(
+
+
+def scheduler_config(args: ServerArgs, context_len: int, vocab_size: int = 0) -> SchedulerConfig:
+    """The scheduler's decisions as the flags set them (`sluice simulate` uses this too);
+    `vocab_size` 0: token ids are not checked against the model's vocabulary."""
+    return SchedulerConfig(
         max_running_requests=args.max_running_requests,
         max_prefill_tokens=args.max_prefill_tokens,
         chunk_size=args.chunk_size,
-        context_len=worker.context_len,
+        context_len=context_len,
         policy=PolicyConfig(
             name=args.schedule_policy,
             in_batch_check_threshold=args.in_batch_prefix_check_threshold,
@@ -80,20 +101,7 @@ def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
         random_seed=args.random_seed,
         mixed_chunk=not args.disable_mixed_chunk,
         max_prefill_streak=args.max_prefill_streak,
-        vocab_size=worker.model_config.vocab_size,
-    )
-    executor = SyncExecutor(worker) if args.disable_overlap_schedule else overlap_executor(worker)
-    grammars = grammar_queue(
-        GrammarCompiler(worker.tokenizer, worker.model_config.vocab_size, worker.eos_token_ids),
-        worker.tp,
-    )
-    return Scheduler(
-        config,
-        cache,
-        executor,
-        worker.eos_token_ids,
-        decode_text=worker.decode_text,
-        grammars=grammars,
+        vocab_size=vocab_size,
     )
 
 

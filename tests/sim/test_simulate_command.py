@@ -1,0 +1,85 @@
+"""`sluice simulate` end to end on the tiny model with a calibration of known costs: the
+workload is bench_serving's (same flags, same requests), the JSON has bench_serving's keys,
+and the run is deterministic."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from sim_testkit import server_args, synthetic_calibration
+
+from sluice.runtime.cli import main
+from sluice.runtime.engine.model_worker import ModelWorker
+from sluice.runtime.workload.metrics import RequestResult, compute_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+WORKLOAD = ["--num-prompts", "8", "--random-input-len", "40", "--random-output-len", "12",
+            "--request-rate", "4", "--seed", "3"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def calibration_file(tiny_llama_path, tmp_path_factory):
+    worker = ModelWorker(server_args(tiny_llama_path), tiny_llama_path)
+    path = tmp_path_factory.mktemp("cal") / "cal.json"
+    synthetic_calibration(worker).save(path)
+    return path
+
+
+def simulate(calibration_file: Path, out: Path, *extra: str) -> dict:
+    assert main(["simulate", "--calibration", str(calibration_file), "--output-file", str(out),
+                 *WORKLOAD, "--max-total-tokens", "4096", *extra]) == 0  # fmt: skip
+    return json.loads(out.read_text())
+
+
+def test_results_have_bench_servings_keys_and_count_every_token(calibration_file, tmp_path):
+    doc = simulate(calibration_file, tmp_path / "sim.json")
+    bench_keys = set(compute_metrics([RequestResult(1, 1, True, 1, 0.1, (), 0.2)], 1.0).to_dict())
+    assert set(doc["sluice"]) == bench_keys | {"server_peak_rss_mib"}
+    s = doc["sluice"]
+    assert s["completed"] == 8 and s["failed"] == 0
+    assert s["total_output_tokens"] == doc["dataset"]["total_output_tokens"]  # ignore_eos: all of them
+    for key in ("output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "mean_e2e_latency_ms"):
+        assert s[key] > 0
+    sim = doc["simulation"]
+    assert sim["simulated_seconds_per_wall_second"] > 0 and sim["ticks"] > 0
+
+
+def test_the_workload_is_bench_servings(calibration_file, tmp_path, tiny_llama_path):
+    from benchmarks.bench_serving import BenchArgs
+    from sluice.runtime.model.loader import load_tokenizer
+    from sluice.runtime.workload.args import build_dataset
+    from sluice.runtime.workload.dataset import DatasetSummary
+
+    doc = simulate(calibration_file, tmp_path / "sim.json", "--dataset-name", "shared-prefix",
+                   "--shared-prefix-len", "24")  # fmt: skip
+    bench = BenchArgs.from_cli([*WORKLOAD, "--dataset-name", "shared-prefix", "--shared-prefix-len", "24"])
+    requests, extras = build_dataset(bench, load_tokenizer(tiny_llama_path))
+    from dataclasses import asdict
+
+    assert doc["dataset"] == asdict(DatasetSummary.of(requests, **extras))
+    assert doc["sluice"]["cached_tokens"] > 0  # the shared prefix hit the radix cache
+
+
+def test_the_same_inputs_give_the_same_outputs(calibration_file, tmp_path):
+    a = simulate(calibration_file, tmp_path / "a.json", "--max-concurrency", "3")
+    b = simulate(calibration_file, tmp_path / "b.json", "--max-concurrency", "3")
+    assert a["sluice"] == b["sluice"]
+    assert a["sluice"]["peak_concurrency"] <= 3
+
+
+def test_engine_flags_other_than_the_calibrations_are_refused(calibration_file, tmp_path, capsys):
+    code = main(["simulate", "--calibration", str(calibration_file), *WORKLOAD, "--quantization", "w8a8"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--quantization 'w8a8'" in err and "sluice calibrate" in err
+
+
+def test_a_missing_calibration_is_a_clear_error(tmp_path, capsys):
+    assert main(["simulate", "--calibration", str(tmp_path / "none.json")]) == 2
+    assert "run `sluice calibrate` first" in capsys.readouterr().err
