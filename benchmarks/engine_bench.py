@@ -36,7 +36,7 @@ from sluice.runtime.server_args import ServerArgs  # noqa: E402
 def run_once(args: ServerArgs, path: Path, requests: list[dataset.BenchRequest], tokenizer) -> dict:
     worker = ModelWorker(args, path)
     scheduler = build_scheduler(args, worker)
-    step = scheduler.step if args.disable_overlap_schedule else scheduler.step_overlap
+    step = scheduler.step_overlap if args.overlap_schedule else scheduler.step
     warm = TokenizedGenerateReq(
         "warm", tokenizer.encode("Hello"), SamplingParams(max_new_tokens=2, temperature=0)
     )
@@ -105,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(ns.repeats):
         for loop in ns.loops.split(","):
             flags = [*shlex.split(ns.server_args), "--model", ns.model, "--device", "cpu"]
-            if loop == "normal":
-                flags.append("--disable-overlap-schedule")
+            flags.append("--disable-overlap-schedule" if loop == "normal" else "--enable-overlap-schedule")
             args = ServerArgs.from_cli_args(parser.parse_args(flags))
             r = run_once(args, path, requests, tokenizer)
             results.setdefault(loop, []).append(r)

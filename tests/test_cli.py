@@ -49,3 +49,21 @@ def test_unknown_choice_is_refused_by_argparse():
     proc = subprocess.run([sys.executable, "-m", "sluice.runtime", "serve", "--schedule-policy", "nope"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "device, flags, overlap",
+    [
+        ("cpu", [], False),  # the CPU default: the normal loop (measured faster there)
+        ("cuda", [], True),
+        ("cpu", ["--enable-overlap-schedule"], True),
+        ("cuda", ["--disable-overlap-schedule"], False),
+        ("cpu", ["--enable-overlap-schedule", "--disable-overlap-schedule"], False),
+    ],
+)
+def test_the_loop_is_chosen_by_device_unless_a_flag_says(device, flags, overlap):
+    ns = build_parser().parse_args(["serve", "--model", "m", "--device", device, *flags])
+    args = ServerArgs.from_cli_args(ns)
+    chosen, why = args.overlap_choice
+    assert chosen is overlap and args.overlap_schedule is overlap
+    assert why  # logged at start-up

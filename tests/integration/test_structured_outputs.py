@@ -51,6 +51,8 @@ WEATHER_ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module", params=["overlap", "normal-tiny-pool"])
 def client(request, bundled_model_path, tmp_path_factory):
     extra = ["--max-running-requests", "8"]
+    if request.param == "overlap":
+        extra += ["--enable-overlap-schedule"]  # the CPU's default is the normal loop
     if request.param == "normal-tiny-pool":
         extra += ["--disable-overlap-schedule", "--max-total-tokens", "700",
                   "--init-new-token-ratio", "0.05"]  # fmt: skip

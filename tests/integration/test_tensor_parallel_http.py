@@ -116,7 +116,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name, loop", CASES, ids=[f"{n}-{loop}" for n, loop in CASES])
 def test_two_ranks_generate_what_one_does(models, tmp_path, name, loop):
-    extra = () if loop == "overlap" else ("--disable-overlap-schedule",)
+    extra = ("--enable-overlap-schedule",) if loop == "overlap" else ("--disable-overlap-schedule",)
     one = run_scenario(models[name], tmp_path, 1, *extra)
     two = run_scenario(models[name], tmp_path, 2, *extra)
     assert one["retractions"] > 0  # the tiny pool did retract

@@ -40,7 +40,7 @@ class Harness:
 
     @property
     def overlap(self) -> bool:
-        return not self.worker.args.disable_overlap_schedule
+        return self.worker.args.overlap_schedule
 
     def step(self) -> TickResult | None:
         tick = self.scheduler.step_overlap() if self.overlap else self.scheduler.step()
@@ -89,7 +89,10 @@ def make_harness(tiny_llama_path: Path) -> Iterator[HarnessFactory]:
             "dtype": "float32",  # the HF-exact path: several tests compare with transformers
             "max_total_tokens": 4096,
             "max_running_requests": 8,
-            "disable_overlap_schedule": True,  # tests opt in to the overlap loop
+            # tests opt in to the overlap loop with disable_overlap_schedule=False (enabled
+            # here: on the CPU the server's default is the normal loop)
+            "disable_overlap_schedule": True,
+            "enable_overlap_schedule": True,
         }
         args = dataclasses.replace(ServerArgs(model=str(path)), **{**defaults, **overrides})
         worker = ModelWorker(args, path)

@@ -23,7 +23,7 @@ def real_scheduler(tiny_llama_path: Path) -> Iterator[Callable[..., tuple[Record
         worker = ModelWorker(args, tiny_llama_path)
         scheduler = build_scheduler(args, worker)
         made.append(scheduler)
-        return RecordingScheduler(scheduler, not args.disable_overlap_schedule), worker
+        return RecordingScheduler(scheduler, args.overlap_schedule), worker
 
     yield factory
     for s in made:

@@ -16,7 +16,9 @@ from sluice.runtime.sim.calibration import Calibration, ModelFacts, Startup
 from sluice.runtime.sim.cost_model import LinearCost, LoopCost, StepCostModel
 from sluice.runtime.sim.server_flags import cost_flag_values
 
-TINY_DEFAULTS = {"device": "cpu", "dtype": "float32", "max_total_tokens": 4096, "max_running_requests": 8}
+# the loop is chosen by disable_overlap_schedule alone (the CPU's default would be the normal loop)
+TINY_DEFAULTS = {"device": "cpu", "dtype": "float32", "max_total_tokens": 4096,
+                 "max_running_requests": 8, "enable_overlap_schedule": True}  # fmt: skip
 
 
 def server_args(model: Path, **overrides: object) -> ServerArgs:

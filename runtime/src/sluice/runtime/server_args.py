@@ -83,6 +83,11 @@ class ServerArgs:
     disable_overlap_schedule: bool = option(
         False, "Use the normal loop: process each batch's result before scheduling the next.",
     )
+    enable_overlap_schedule: bool = option(
+        False, "Use the overlap loop on the CPU too. By default the overlap loop runs on a GPU "
+        "and the normal loop on the CPU, where the forward thread and the scheduler compete for "
+        "the same cores (measured slower there). --disable-overlap-schedule wins over this.",
+    )
     log_tick_timing: float = option(
         0.0, "Every this many seconds, log where scheduler time went per tick (0: off).",
     )
@@ -169,6 +174,25 @@ class ServerArgs:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def overlap_schedule(self) -> bool:
+        """Whether the scheduler runs the overlap loop (see `overlap_choice`)."""
+        return self.overlap_choice[0]
+
+    @property
+    def overlap_choice(self) -> tuple[bool, str]:
+        """(overlap loop or not, why): off when disabled, on when enabled, else by device."""
+        if self.disable_overlap_schedule:
+            return False, "--disable-overlap-schedule"
+        if self.enable_overlap_schedule:
+            return True, "--enable-overlap-schedule"
+        if self.resolved_device == "cpu":
+            return False, (
+                "the CPU default: the scheduler's work and the forward share the cores, so "
+                "overlapping them is slower (--enable-overlap-schedule to override)"
+            )
+        return True, f"the default on {self.resolved_device}"
 
     @property
     def chunk_size(self) -> int:

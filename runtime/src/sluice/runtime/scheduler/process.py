@@ -58,7 +58,7 @@ PAUSED_POLL_S = 0.01  # how often a paused scheduler (test hold gate) looks for 
 def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
     """The scheduler for `args` over `worker`: its bookkeeping (pages, rows, prefix cache)
     is built here, sized to the worker's device pool."""
-    executor = SyncExecutor(worker) if args.disable_overlap_schedule else overlap_executor(worker)
+    executor = overlap_executor(worker) if args.overlap_schedule else SyncExecutor(worker)
     grammars = grammar_queue(
         GrammarCompiler(worker.tokenizer, worker.model_config.vocab_size, worker.eos_token_ids),
         worker.tp,
@@ -128,7 +128,8 @@ def run_scheduler_process(
         worker = ModelWorker(args, model_path, tp)
         worker.faults = FaultPlan.from_env()  # tests only
         scheduler = build_scheduler(args, worker)
-        overlap = not args.disable_overlap_schedule
+        overlap, why = args.overlap_choice
+        logger.info("%s loop (%s)", "overlap" if overlap else "normal", why)
         if not tp.is_leader:
             follow_leader(scheduler, tp, overlap)
             return

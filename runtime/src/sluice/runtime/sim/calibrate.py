@@ -203,7 +203,11 @@ def run_calibration(
     points: list[TickPoint] = []
     warmup = 0.0
     for i, loop in enumerate(cal_args.loop_names()):
-        args = dataclasses.replace(server_args, disable_overlap_schedule=(loop == "normal"))
+        args = dataclasses.replace(
+            server_args,
+            disable_overlap_schedule=loop == "normal",
+            enable_overlap_schedule=loop == "overlap",
+        )
         scheduler = build_scheduler(args, worker)
         try:
             if i == 0:  # the first generation after the load: what the server's warm-up pays

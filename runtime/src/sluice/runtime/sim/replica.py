@@ -121,7 +121,7 @@ class SimReplica:
         self.args = args
         self.name = name
         self.clock = VirtualClock(start_time)
-        self.overlap = not args.disable_overlap_schedule
+        self.overlap = args.overlap_schedule
         self.pool = pool_layout(args, calibration)
         facts = calibration.model
         token = filler_token(facts.eos_token_ids, facts.vocab_size)

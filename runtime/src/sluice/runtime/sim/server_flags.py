@@ -22,7 +22,7 @@ SCHEDULING_FLAGS = (
     "retraction_policy", "init_new_token_ratio", "schedule_conservativeness",
     "disable_radix_cache", "in_batch_prefix_check_threshold",
     "in_batch_prefix_deprioritize_threshold", "disable_mixed_chunk", "max_prefill_streak",
-    "disable_overlap_schedule", "random_seed",
+    "disable_overlap_schedule", "enable_overlap_schedule", "random_seed",
 )  # fmt: skip
 MODEL_FLAGS = ("model", "model_cache_dir")
 
