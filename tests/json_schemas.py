@@ -1,4 +1,13 @@
-"""JSON schemas the structured-output tests share: nested objects, enums, arrays, integers."""
+"""JSON schemas the tests share: the structured-output ones (nested objects, enums, arrays,
+integers), and the request bodies of the server's own OpenAPI document."""
+
+
+def body_schema(openapi: dict, path: str) -> dict:
+    """The JSON Schema (2020-12) of `path`'s POST body in an OpenAPI 3.1 document, with the
+    components its references point into."""
+    ref = openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return {**ref, "components": openapi["components"]}
+
 
 PERSON = {  # nested object, bounded string, integer range
     "type": "object",

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 from fastapi.testclient import TestClient
 from http_fakes import MODEL, FakeTM, sse_events
+from json_schemas import body_schema
 from test_http_errors import assert_error
 
 from sluice.runtime import features as FEAT
@@ -257,11 +258,6 @@ def openapi(client) -> dict:
     r = client.get("/openapi.json")
     assert r.status_code == 200
     return r.json()
-
-
-def body_schema(doc: dict, path: str) -> dict:
-    ref = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    return {**ref, "components": doc["components"]}
 
 
 @pytest.mark.parametrize("path", list(GOOD))

@@ -205,7 +205,8 @@ def burst_seen(prometheus, runtime) -> dict[str, float]:
         held = (
             now["sluice_running_requests"] == 4
             and now["sluice_queue_requests"] >= 1
-            and now["sluice_kv_token_usage"] >= 4 * 205 / 1024
+            # prompts and all but the newest token of each output (its KV comes next forward)
+            and now["sluice_kv_token_usage"] >= 4 * (5 + 199) / 1024
         )
         return now if held else None  # an earlier scrape of the run, until Prometheus has this
 
