@@ -186,9 +186,18 @@ def plain_metric_replicas(
         for name in unready:
             metrics[name] = 0
     new_ratio, _ = _usage_ratio(metrics, target_m)
+    return _after_fill(ratio, new_ratio, len(metrics), current_replicas, tolerance)
+
+
+def _after_fill(
+    ratio: float, new_ratio: float, counted: int, current_replicas: int, tolerance: float
+) -> int:
+    """The count once missing and unready pods are filled in (both calculators share it):
+    unchanged when the filled-in ratio is within tolerance or reverses the direction of
+    the change, or when the new count would move the other way."""
     if within(new_ratio, tolerance) or (ratio < 1.0 < new_ratio) or (ratio > 1.0 > new_ratio):
         return current_replicas
-    new_replicas = int(math.ceil(new_ratio * len(metrics)))
+    new_replicas = int(math.ceil(new_ratio * counted))
     if (new_ratio < 1.0 and new_replicas > current_replicas) or (
         new_ratio > 1.0 and new_replicas < current_replicas
     ):
@@ -239,14 +248,7 @@ def resource_utilisation_replicas(
         for name in unready:
             metrics[name] = 0
     new_ratio = ratio_of(metrics)
-    if within(new_ratio, tolerance) or (ratio < 1.0 < new_ratio) or (ratio > 1.0 > new_ratio):
-        return current_replicas
-    new_replicas = int(math.ceil(new_ratio * len(metrics)))
-    if (new_ratio < 1.0 and new_replicas > current_replicas) or (
-        new_ratio > 1.0 and new_replicas < current_replicas
-    ):
-        return current_replicas
-    return new_replicas
+    return _after_fill(ratio, new_ratio, len(metrics), current_replicas, tolerance)
 
 
 def external_per_pod_replicas(
