@@ -11,6 +11,7 @@ from typing import Any
 
 from benchmarks.serving.dataset import DatasetSummary
 from benchmarks.serving.metrics import LatencySummary, PeerMetrics, RequestResult, ServingMetrics
+from sluice.runtime.workload.metrics import strict_json
 
 WIDTH = 50
 
@@ -167,15 +168,6 @@ def format_notes(notes: Sequence[str]) -> str:
     return "\n".join(["Notes:", *(f"- {n}" for n in notes)])
 
 
-def _jsonable(value: Any) -> Any:
-    """Strict JSON: infinities become the string 'inf'."""
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def result_document(
@@ -208,7 +200,7 @@ def result_document(
     }
     if details is not None:
         doc["requests"] = [asdict(r) for r in details]
-    return _jsonable(doc)
+    return strict_json(doc)
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:

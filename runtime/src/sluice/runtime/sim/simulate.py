@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -29,6 +28,7 @@ from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.sim.calibration import COST_FLAGS, Calibration
 from sluice.runtime.sim.server_flags import SCHEDULING_FLAGS, add_server_flags, server_args_from
 from sluice.runtime.workload.args import WorkloadArgs
+from sluice.runtime.workload.metrics import strict_json
 
 SIMULATE_SERVER_FLAGS = SCHEDULING_FLAGS + COST_FLAGS
 
@@ -133,7 +133,7 @@ def run_simulation(
     wall = time.perf_counter() - began
     stats = replica.stats()
     doc: dict[str, Any] = {
-        "config": {**_jsonable(dataclasses.asdict(args)), "server_args": _server_flags(server_args)},
+        "config": {**strict_json(dataclasses.asdict(args)), "server_args": _server_flags(server_args)},
         "dataset": asdict(summary),
         "sluice": {**served.to_dict(), "server_peak_rss_mib": None},
         "simulation": {
@@ -159,21 +159,13 @@ def run_simulation(
             for rec in replica.executor.launches:
                 fh.write(json.dumps({"submitted": rec.submitted, "start": rec.start, "end": rec.end,
                                      "rows": rec.rows, **rec.features.to_dict()}) + "\n")  # fmt: skip
-    return SimulationResult(_jsonable(doc), wall, simulated)
+    return SimulationResult(strict_json(doc), wall, simulated)
 
 
 def _server_flags(args: ServerArgs) -> dict[str, Any]:
     return {name: getattr(args, name) for name in SCHEDULING_FLAGS}
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def format_summary(doc: dict[str, Any]) -> str:

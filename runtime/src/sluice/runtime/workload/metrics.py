@@ -11,8 +11,10 @@ Definitions follow SGLang's `bench_serving`:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -226,3 +228,14 @@ def compare(sluice: ServingMetrics, peer: PeerMetrics) -> dict[str, float | None
         "output_throughput_sluice_over_peer": throughput,
         "mean_e2e_sluice_over_peer": mean_e2e,
     }
+
+
+def strict_json(value: Any) -> Any:
+    """`value` as strict JSON allows: infinities (a request rate of inf) become 'inf'."""
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
