@@ -8,6 +8,16 @@ from .. import constants as c
 from ..spec import InferenceServiceSpec
 
 
+def _labels(app: str, component: str, name: str) -> dict[str, str]:
+    return {
+        c.LABEL_NAME: app,
+        c.LABEL_INSTANCE: name,
+        c.LABEL_COMPONENT: component,
+        c.LABEL_PART_OF: c.PART_OF,
+        c.LABEL_MANAGED_BY: c.MANAGER_LABEL_VALUE,
+    }
+
+
 def selector_labels(name: str) -> dict[str, str]:
     """The labels that select this service's pods (immutable in a Deployment)."""
     return {c.LABEL_NAME: c.APP_NAME, c.LABEL_INSTANCE: name}
@@ -15,12 +25,7 @@ def selector_labels(name: str) -> dict[str, str]:
 
 def labels(name: str) -> dict[str, str]:
     """All labels a child object and its pods carry."""
-    return {
-        **selector_labels(name),
-        c.LABEL_COMPONENT: c.COMPONENT,
-        c.LABEL_PART_OF: c.PART_OF,
-        c.LABEL_MANAGED_BY: c.MANAGER_LABEL_VALUE,
-    }
+    return _labels(c.APP_NAME, c.COMPONENT, name)
 
 
 def router_selector_labels(name: str) -> dict[str, str]:
@@ -30,12 +35,21 @@ def router_selector_labels(name: str) -> dict[str, str]:
 
 def router_labels(name: str) -> dict[str, str]:
     """All labels the router's objects and pods carry."""
-    return {
-        **router_selector_labels(name),
-        c.LABEL_COMPONENT: c.ROUTER_COMPONENT,
-        c.LABEL_PART_OF: c.PART_OF,
-        c.LABEL_MANAGED_BY: c.MANAGER_LABEL_VALUE,
-    }
+    return _labels(c.ROUTER_APP_NAME, c.ROUTER_COMPONENT, name)
+
+
+def node_spread(selector: dict[str, str]) -> list[dict[str, Any]]:
+    """Spread the pods `selector` picks (one version at a time) over nodes, as evenly as the
+    nodes allow, never blocking scheduling."""
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": c.TOPOLOGY_KEY_NODE,
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector},
+            "matchLabelKeys": [c.LABEL_POD_TEMPLATE_HASH],
+        }
+    ]
 
 
 def selector_string(name: str) -> str:

@@ -32,6 +32,7 @@ from .args import serve_args, serve_command
 from .common import (
     container_security_context,
     labels,
+    node_spread,
     object_meta,
     pod_security_context,
     secret_env,
@@ -206,15 +207,7 @@ def http_probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
 def default_topology_spread(isvc: InferenceServiceSpec) -> list[dict[str, Any]]:
     """Spread the pods of one version over nodes, as evenly as the nodes allow (never
     blocking scheduling: GPU nodes are scarce)."""
-    return [
-        {
-            "maxSkew": 1,
-            "topologyKey": c.TOPOLOGY_KEY_NODE,
-            "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": selector_labels(isvc.name)},
-            "matchLabelKeys": [c.LABEL_POD_TEMPLATE_HASH],
-        }
-    ]
+    return node_spread(selector_labels(isvc.name))
 
 
 def scheduling_fields(isvc: InferenceServiceSpec) -> dict[str, Any]:

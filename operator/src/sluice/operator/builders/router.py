@@ -25,6 +25,7 @@ from .. import constants as c
 from ..spec import InferenceServiceSpec
 from .common import (
     container_security_context,
+    node_spread,
     pod_security_context,
     router_labels,
     router_meta,
@@ -97,15 +98,7 @@ def _pod_spec(isvc: InferenceServiceSpec, run_as_user: int | None) -> dict[str, 
         "terminationGracePeriodSeconds": isvc.termination_grace_period_seconds,
         "containers": [_container(isvc)],
         "volumes": [{"name": c.VOLUME_TMP, "emptyDir": {}}],
-        "topologySpreadConstraints": [
-            {
-                "maxSkew": 1,
-                "topologyKey": c.TOPOLOGY_KEY_NODE,
-                "whenUnsatisfiable": "ScheduleAnyway",
-                "labelSelector": {"matchLabels": router_selector_labels(isvc.name)},
-                "matchLabelKeys": [c.LABEL_POD_TEMPLATE_HASH],
-            }
-        ],
+        "topologySpreadConstraints": node_spread(router_selector_labels(isvc.name)),
     }
 
 
