@@ -315,18 +315,24 @@ def test_a_refused_field_is_a_400_naming_it(client):
 
 
 def test_abort_request_ends_a_streaming_request_in_band(server, client):
-    stream = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=CONTEXT - 64, stream=True,
-        extra_body={"ignore_eos": True, "rid": "to-abort"},
-    )  # fmt: skip
-    finishes = []
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content and not finishes:
-            r = httpx.post(f"{server.url}/abort_request", json={"rid": "to-abort"}, headers=AUTH)
-            assert r.json() == {"aborted": ["to-abort"]}
-            finishes.append(None)
-        if chunk.choices and chunk.choices[0].finish_reason:
-            finishes.append(chunk.choices[0].finish_reason)
+    server.hold.arm(16)  # the request cannot finish before the abort arrives
+    try:
+        stream = client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=CONTEXT - 64, stream=True,
+            extra_body={"ignore_eos": True, "rid": "to-abort"},
+        )  # fmt: skip
+        finishes = []
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content and not finishes:
+                server.hold.wait_held()  # frozen at 16 tokens: the request is still running
+                r = httpx.post(f"{server.url}/abort_request", json={"rid": "to-abort"}, headers=AUTH)
+                assert r.json() == {"aborted": ["to-abort"]}
+                finishes.append(None)
+                server.hold.release()
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finishes.append(chunk.choices[0].finish_reason)
+    finally:
+        server.hold.disarm()
     assert finishes[-1] == "abort"
 
 
