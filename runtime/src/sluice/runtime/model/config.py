@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+QWEN_WINDOW_FLAG = ("qwen2", "qwen3", "qwen3_moe")  # a window only with use_sliding_window
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,6 @@ def _sliding_window(raw: dict[str, Any]) -> int | None:
     window = raw.get("sliding_window")
     if not window:
         return None
-    if raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window", False):
-        return None  # Qwen2 configs carry a window but only use it when told to
+    if raw.get("model_type") in QWEN_WINDOW_FLAG and not raw.get("use_sliding_window", False):
+        return None  # Qwen configs carry a window but only use it when told to
     return int(window)

@@ -40,7 +40,11 @@ if TYPE_CHECKING:
     from torch import nn
 
 # modules defining `ARCHITECTURES`, imported on the first lookup (they import this module)
-ARCHITECTURE_MODULES = ("sluice.runtime.model.llama",)
+ARCHITECTURE_MODULES = (
+    "sluice.runtime.model.llama",
+    "sluice.runtime.model.qwen3",
+    "sluice.runtime.model.moe_models",
+)
 _NUMBER = r"(?P<{}>\d+)"
 
 
