@@ -147,4 +147,6 @@ def test_qwen3_tool_calls_after_reasoning(qwen3_tokenizer, stream):
     assert [(c.function.name, json.loads(c.function.arguments))
             for c in choice.message.tool_calls] == [("get_weather", {"city": "Paris"})]  # fmt: skip
     assert not choice.message.content
-    assert '"name": "get_weather"' in qwen3_tokenizer.decode(tm.requests[0][0])  # tools in the prompt
+    assert '"name": "get_weather"' in qwen3_tokenizer.decode(
+        tm.requests[0][0]
+    )  # tools in the prompt
