@@ -47,6 +47,13 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
     return weights, ids
 
 
+def expert_counts(flat_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Pairs per expert; a scatter-add, not `bincount` (which reads the max on the host on
+    CUDA and so cannot be captured in a graph)."""
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat_ids.device)
+    return counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids))
+
+
 class ExpertOrder:
     """The (token, choice) pairs of a batch sorted by expert: `rows[i]` is the token of sorted
     pair i, `weights[i]` its routing weight, `offsets[e]` the end of expert e's pairs."""
@@ -56,7 +63,7 @@ class ExpertOrder:
         order = torch.argsort(flat, stable=True)
         self.rows = order // ids.shape[1]
         self.weights = weights.reshape(-1)[order]
-        self.counts = torch.bincount(flat, minlength=num_experts)
+        self.counts = expert_counts(flat, num_experts)
         self.offsets = torch.cumsum(self.counts, 0).to(torch.int32)
 
     def active(self) -> list[tuple[int, int, int]]:

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sluice.runtime.model.moe import expert_counts
+
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 32, 32
 
 
@@ -40,7 +42,7 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M)
     num_pairs = flat.numel()
     max_rows = num_pairs + num_experts * (block_m - 1)
     max_rows = -(-max_rows // block_m) * block_m
-    counts = torch.bincount(flat, minlength=num_experts)
+    counts = expert_counts(flat, num_experts)
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
     padded_start = padded_end - padded
