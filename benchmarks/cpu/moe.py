@@ -1,6 +1,6 @@
 """One MoE layer on the CPU: grouped expert GEMMs vs the per-expert loop vs transformers.
 
-    python -m benchmarks.cpu.moe [--dtype bfloat16] [--threads 2] [--tokens 1 16 128 512]
+    python -m benchmarks.cpu.moe [--dtype bfloat16] [--threads 1 --clock cpu] [--tokens 1 16 128 512]
 
 Shapes: tiny but wide, Qwen3-30B-A3B's routing (128 experts, top-8) on a 1024-wide model
 with experts 256 wide (weights on one layer: 128 x 3 x 1024 x 256). For each batch size
@@ -25,14 +25,19 @@ from sluice.runtime.model.moe import MoE
 HIDDEN, WIDTH, EXPERTS, TOP_K = 1024, 256, 128, 8
 
 
-def time_call(fn: Callable[[], object], min_seconds: float = 0.5) -> float:
-    """Median-free mean ms per call over at least `min_seconds` (and 5 calls), after one warm-up."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_call(fn: Callable[[], object], min_seconds: float = 0.5, clock: str = "wall") -> float:
+    """Mean ms per call over at least `min_seconds` (and 5 calls), after one warm-up; `cpu`:
+    the process's CPU time (with one thread, robust to other load on a shared machine)."""
+    now = CLOCKS[clock]
     fn()
-    runs, start = 0, time.perf_counter()
-    while time.perf_counter() - start < min_seconds or runs < 5:
+    runs, start = 0, now()
+    while now() - start < min_seconds or runs < 5:
         fn()
         runs += 1
-    return (time.perf_counter() - start) / runs * 1e3
+    return (now() - start) / runs * 1e3
 
 
 def build(dtype: torch.dtype) -> tuple[MoE, torch.nn.Module]:
@@ -60,6 +65,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128, 512])
     parser.add_argument("--seconds", type=float, default=0.5, help="minimum time per measurement")
+    parser.add_argument("--clock", default="wall", choices=list(CLOCKS), help="cpu: CPU time")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,8 +80,10 @@ def main() -> None:
             row: dict[str, float | int] = {"tokens": tokens}
             for impl in ("grouped", "segments", "loop"):
                 ours.impl = impl
-                row[impl] = time_call(lambda x=x: ours(x), args.seconds)
-            row["transformers"] = time_call(lambda x=x: theirs(x.unsqueeze(0)), args.seconds)
+                row[impl] = time_call(lambda x=x: ours(x), args.seconds, args.clock)
+            row["transformers"] = time_call(
+                lambda x=x: theirs(x.unsqueeze(0)), args.seconds, args.clock
+            )
             ours.impl = "grouped"
             reference = theirs(x.unsqueeze(0))
             reference = reference[0] if isinstance(reference, tuple) else reference
@@ -88,7 +96,7 @@ def main() -> None:
                 f"transformers/grouped {row['transformers'] / row['grouped']:.1f}x)",
                 flush=True,
             )
-    print(json.dumps({"dtype": args.dtype, "threads": torch.get_num_threads(), "shape": {
+    print(json.dumps({"dtype": args.dtype, "clock": args.clock, "threads": torch.get_num_threads(), "shape": {
         "hidden": HIDDEN, "expert_width": WIDTH, "experts": EXPERTS, "top_k": TOP_K}, "rows": rows}))  # fmt: skip
 
 
