@@ -9,6 +9,7 @@
 # each within its own time cap and all within GPU_CHECK_BUDGET_S (450 s):
 #
 #   kernels   Triton and FlashInfer vs the torch backend on random paged batches (bf16)
+#   moe       the Triton fused MoE vs the per-expert loop (bf16), and in a CUDA graph
 #   model     greedy across torch / triton / flashinfer on the model; CUDA-graph decode = eager
 #   sampling  FlashInfer's top-k / top-p / min-p kernels (flashinfer_sample)
 #   decode    decode step time per batch bucket, eager vs CUDA graphs, flashinfer and triton
@@ -123,6 +124,7 @@ fi
 
 # --- checks -----------------------------------------------------------------------------
 pytest_step kernels 170 tests/gpu/test_gpu_kernels.py
+pytest_step moe 60 tests/gpu/test_gpu_moe.py
 pytest_step model 110 tests/gpu/test_gpu_model.py
 pytest_step sampling 70 tests/gpu/test_gpu_sampling.py
 pytest_step overlap 60 tests/gpu/test_gpu_overlap.py
