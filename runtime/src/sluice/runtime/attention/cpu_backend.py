@@ -7,7 +7,10 @@ load, long sequences are split over threads (split-KV with an online softmax), a
 is dealt to threads by cost, so a skewed batch costs what a uniform one of the same total
 length costs. A cached prefix is read in place by every chunk of an extend.
 
-Where the kernels cannot be built (no C++ compiler), the backend runs `VarlenTorchAttention`:
+Before the kernel is used, `cpu_kernel_check` runs it once against float64 attention on
+this CPU (it is compiled with `-march=native`, so each CPU runs its own instructions).
+Where the kernels cannot be built (no C++ compiler), or fail that check, the backend runs
+`VarlenTorchAttention`:
 decode over the flat list of every request's slots (no padding to the longest request),
 extend through the torch backend's per-request SDPA.
 """
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.cpu_kernel_check import kernel_problem
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
 from sluice.runtime.kernels import cpu_extension as extension
 from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -44,6 +48,8 @@ class CpuAttentionBackend(AttentionBackend):
     def __init__(self, scale: float | None = None, *, use_kernels: bool | None = None) -> None:
         super().__init__(scale)
         reason = extension.load() if use_kernels is not False else None
+        if reason is None and use_kernels is not False:
+            reason = kernel_problem()
         if use_kernels and reason is not None:
             raise RuntimeError(f"CPU attention kernels unavailable: {reason}")
         if use_kernels is None:
