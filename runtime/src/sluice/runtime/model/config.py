@@ -3,16 +3,23 @@
 Both spellings of the RoPE settings are accepted: the older `rope_theta` + `rope_scaling`
 keys and transformers 5's `rope_parameters` dict. `generation_config.json`, when present,
 adds its end-of-sequence ids (Llama 3 Instruct lists its `<|eot_id|>` only there).
+
+What only some architectures have (per-head q/k norms, experts) is read by the
+architecture's own `read_options` (`model.registry.Architecture`), which also refuses the
+options it does not implement; a config of an unknown architecture keeps the common fields
+(the model registry refuses it when a model is built or a server starts).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+QWEN_WINDOW_FLAG = ("qwen2", "qwen3", "qwen3_moe")  # a window only with use_sliding_window
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,21 @@ class RopeScaling:
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
     original_max_position_embeddings: int = 8192  # llama3 only
+
+
+@dataclass(frozen=True)
+class MoEOptions:
+    """A mixture-of-experts MLP: `num_experts` SwiGLU experts of `intermediate_size` features,
+    `top_k` of them per token, chosen by a softmax router; `renormalize` rescales the chosen
+    weights to sum to one (Qwen3-MoE's `norm_topk_prob`; always for Mixtral). `sparse_layers`
+    are the layers with experts; the others keep a dense MLP of the model's
+    `intermediate_size` (Qwen3-MoE's `decoder_sparse_step` / `mlp_only_layers`)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    renormalize: bool
+    sparse_layers: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     sliding_window: int | None = None  # None: full attention in every layer
     torch_dtype: str | None = None  # the checkpoint's own dtype, e.g. "bfloat16"
+    hidden_act: str = "silu"
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
+    moe: MoEOptions | None = None  # None: a dense MLP in every layer
 
     @property
     def num_kv_groups(self) -> int:
@@ -95,9 +120,6 @@ class ModelConfig:
         """Build from the parsed `config.json` (and `generation_config.json`) dicts."""
         raw = _text_config(raw)
         model_type = raw.get("model_type", "")
-        hidden_act = raw.get("hidden_act", "silu")
-        if hidden_act != "silu":
-            raise ValueError(f"hidden_act={hidden_act!r} is not supported (only 'silu')")
         num_heads = int(raw["num_attention_heads"])
         hidden_size = int(raw["hidden_size"])
         head_dim = raw.get("head_dim") or hidden_size // num_heads
@@ -112,7 +134,7 @@ class ModelConfig:
         eos_ids = _as_ids(raw.get("eos_token_id"))
         if generation is not None:
             eos_ids = _as_ids(generation.get("eos_token_id")) + eos_ids
-        return cls(
+        common = cls(
             architectures=tuple(raw.get("architectures") or ()),
             model_type=model_type,
             hidden_size=hidden_size,
@@ -134,7 +156,14 @@ class ModelConfig:
             bos_token_id=raw.get("bos_token_id"),
             sliding_window=_sliding_window(raw),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            hidden_act=str(raw.get("hidden_act", "silu")),
         )
+        from sluice.runtime.model.registry import find_architecture  # it imports this module
+
+        architecture = find_architecture(common)
+        if architecture is None:
+            return common
+        return dataclasses.replace(common, **architecture.read_options(raw, common))
 
 
 def _text_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -185,6 +214,6 @@ def _sliding_window(raw: dict[str, Any]) -> int | None:
     window = raw.get("sliding_window")
     if not window:
         return None
-    if raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window", False):
-        return None  # Qwen2 configs carry a window but only use it when told to
+    if raw.get("model_type") in QWEN_WINDOW_FLAG and not raw.get("use_sliding_window", False):
+        return None  # Qwen configs carry a window but only use it when told to
     return int(window)
