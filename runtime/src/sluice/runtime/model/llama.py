@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.distributed.layers import embed, gather_logits
 from sluice.runtime.distributed.sharding import LlamaShard
@@ -42,6 +42,8 @@ class LlamaAttention(nn.Module):
         self.q_size = config.q_size
         self.kv_size = config.kv_size
         self.fused = False  # rotary embedding as one compiled CPU op (model.cpu_fused_ops)
+        # Mistral's and Qwen2's sliding window, where the config has one
+        self.options = LayerAttention(window=config.window_for(layer_id))
         self.qkv_proj = Linear(
             config.hidden_size, config.q_size + 2 * config.kv_size, config.qkv_bias, device, dtype
         )
@@ -64,7 +66,7 @@ class LlamaAttention(nn.Module):
         else:
             q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = backend.forward(q, k, v, self.layer_id, batch)
+        out = backend.forward(q, k, v, self.layer_id, batch, self.options)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -114,6 +116,8 @@ class LlamaForCausalLM(nn.Module):
         tp: TensorParallelGroup = SINGLE_RANK,
     ) -> None:
         super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"{type(self).__name__} implements SwiGLU (silu), not {config.hidden_act!r}")
         self.tp = tp
         self.shard = LlamaShard(config, tp.rank, tp.size)
         self.config = config

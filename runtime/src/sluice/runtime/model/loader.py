@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from sluice.runtime import constants
-from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.attention.registry import create_attention_backend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.distributed.sharding import WHOLE, TensorRead
@@ -255,9 +255,21 @@ def load_model(
         else create_attention_backend(attention_backend, device)
     )
     model = model_class(config, backend, device=device, dtype=dtype, tp=tp)
+    check_backend_supports(model, backend)
     model.load_weights(iter_safetensors(path, device, model.shard.read if tp.size > 1 else None))
     model.eval()
     return model, config
+
+
+def check_backend_supports(model: torch.nn.Module, backend: AttentionBackend) -> None:
+    """Refuse, with the backend's reason, a model whose layers ask for attention options
+    (`LayerAttention`: windows, sinks, soft-caps) the backend does not implement."""
+    for name, module in model.named_modules():
+        options = getattr(module, "options", None)
+        if isinstance(options, LayerAttention):
+            problem = backend.unsupported(options)
+            if problem is not None:
+                raise ValueError(f"{type(model).__name__} ({name}): {problem}")
 
 
 def load_tokenizer(path: Path) -> Any:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, LayerAttention
 from sluice.runtime.attention.triton.config import TritonAttentionConfig
 from sluice.runtime.attention.triton.decode import decode_attention
 from sluice.runtime.attention.triton.extend import extend_attention
@@ -65,6 +65,12 @@ class TritonAttentionBackend(AttentionBackend):
             max_extend_len=max(batch.extend_lens_cpu, default=0),
         )
 
+    def unsupported(self, options: LayerAttention) -> str | None:
+        if options.is_plain:
+            return None
+        return ("the triton backend does not implement sliding windows, sink logits or "
+                "soft-capping yet; use --attention-backend torch (or cpu on the CPU)")  # fmt: skip
+
     def forward(
         self,
         q: torch.Tensor,
@@ -72,7 +78,11 @@ class TritonAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         layer_id: int,
         batch: ForwardBatch,
+        options: LayerAttention = FULL_ATTENTION,
     ) -> torch.Tensor:
+        problem = self.unsupported(options)
+        if problem is not None:
+            raise ValueError(problem)
         meta, config = self._meta, self.config
         if meta is None or config is None:
             raise RuntimeError("init_forward_metadata() was not called before forward()")
@@ -81,7 +91,7 @@ class TritonAttentionBackend(AttentionBackend):
         k_cache, v_cache = batch.kv.k[layer_id], batch.kv.v[layer_id]
         padded = q.shape[0] > meta.num_req_tokens
         out = torch.zeros_like(q) if padded else torch.empty_like(q)
-        scale = self.scale_for(q.shape[-1])
+        scale = self.scale_for(q.shape[-1], options)
         if meta.mode == ForwardMode.DECODE:
             decode_attention(
                 q, k_cache, v_cache, batch.req_to_token, meta.req_pool_indices, meta.seq_lens,
