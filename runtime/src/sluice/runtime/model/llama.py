@@ -256,20 +256,26 @@ def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
     param.data.copy_(tensor)
 
 
+from sluice.runtime.model.gemma import GemmaForCausalLM  # noqa: E402 (until the registry lands)
+
 # HF `architectures` names -> implementation
-MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Gemma2ForCausalLM": GemmaForCausalLM,
+    "Gemma3ForCausalLM": GemmaForCausalLM,
 }
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 
 
-def model_class_for(config: ModelConfig) -> type[LlamaForCausalLM]:
+def model_class_for(config: ModelConfig) -> type[nn.Module]:
     """The implementation for `config.architectures` (or `model_type` when that is empty)."""
     names = list(config.architectures) or [_MODEL_TYPES.get(config.model_type, config.model_type)]
     for name in names:
