@@ -1,4 +1,4 @@
-"""Gemma 3, Gemma 2 (and gpt-oss) over the paged KV cache equal transformers' eager forward.
+"""Gemma 3, Gemma 2 and gpt-oss over the paged KV cache equal transformers' eager forward.
 
 Tiny random models with windows of 8-16 tokens (`tiny_windowed`): prompts of 40-100 tokens
 cross them, so each case below is only right if every sliding layer sees exactly its window
@@ -20,7 +20,7 @@ from sluice.runtime.attention.registry import create_model_backend
 from sluice.runtime.kernels import cpu_extension
 from sluice.runtime.model.loader import load_model
 
-FAMILIES = ["gemma3", "gemma2"]
+FAMILIES = ["gemma3", "gemma2", "gpt_oss"]
 BACKENDS = ["cpu", "torch"]
 
 
@@ -96,3 +96,36 @@ def test_decode_far_past_the_window_matches_hf(folders, references, family, back
         last = paged.decode([(0, tokens[0]), (1, tokens[1])])
     expected = torch.stack([hf_logits(references[family], seq)[-1] for seq in seqs])
     assert_logits_close(last, expected)
+
+
+def test_mxfp4_expert_weights_dequantize_as_transformers() -> None:
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from sluice.runtime.model.gpt_oss import dequantize_mxfp4
+
+    gen = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (3, 10, 2, 16), generator=gen, dtype=torch.uint8)
+    scales = torch.randint(118, 134, (3, 10, 2), generator=gen, dtype=torch.uint8)
+    expected = convert_moe_packed_tensors(blocks.clone(), scales.clone(), dtype=torch.float32)
+    assert torch.equal(dequantize_mxfp4(blocks, scales, torch.float32), expected)
+
+
+def test_an_mxfp4_checkpoint_loads_its_experts_dequantized(folders) -> None:
+    """The released gpt-oss checkpoints hold `*_blocks`/`*_scales` pairs for the experts."""
+    from safetensors.torch import load_file
+
+    from sluice.runtime.model.gpt_oss import dequantize_mxfp4
+
+    model = ours(folders["gpt_oss"], "torch")
+    tensors = load_file(str(folders["gpt_oss"] / "model.safetensors"))
+    gen = torch.Generator().manual_seed(1)
+    experts, hidden, double = tensors["model.layers.0.mlp.experts.gate_up_proj"].shape
+    blocks = torch.randint(0, 256, (experts, double, hidden // 32, 16), generator=gen,
+                           dtype=torch.uint8)  # fmt: skip
+    scales = torch.randint(120, 130, (experts, double, hidden // 32), generator=gen,
+                           dtype=torch.uint8)  # fmt: skip
+    del tensors["model.layers.0.mlp.experts.gate_up_proj"]
+    tensors["model.layers.0.mlp.experts.gate_up_proj_blocks"] = blocks
+    tensors["model.layers.0.mlp.experts.gate_up_proj_scales"] = scales
+    model.load_weights(tensors)
+    assert torch.equal(model.layers[0].mlp.gate_up_proj, dequantize_mxfp4(blocks, scales, torch.float32))

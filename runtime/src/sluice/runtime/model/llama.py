@@ -257,6 +257,7 @@ def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
 
 
 from sluice.runtime.model.gemma import GemmaForCausalLM  # noqa: E402 (until the registry lands)
+from sluice.runtime.model.gpt_oss import GptOssForCausalLM  # noqa: E402
 
 # HF `architectures` names -> implementation
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
@@ -265,6 +266,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Gemma2ForCausalLM": GemmaForCausalLM,
     "Gemma3ForCausalLM": GemmaForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
@@ -272,6 +274,7 @@ _MODEL_TYPES = {
     "qwen2": "Qwen2ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 

@@ -1,0 +1,293 @@
+"""gpt-oss (`GptOssForCausalLM`) over a paged KV cache, per transformers' `modeling_gpt_oss`.
+
+- Attention with biases on q/k/v/o, a learned sink logit per head in every softmax, and
+  sliding-window layers alternating with full ones (`config.layer_types`): each layer's
+  `LayerAttention` carries its window and its sinks to the attention backend.
+- YaRN RoPE (`model.rotary`: the inverse frequencies and the cos/sin attention factor).
+- A top-k mixture of experts: a router with a bias, softmax over the k chosen logits, and
+  experts with biases whose SwiGLU is clamped (`gate <= limit`, `-limit <= up <= limit`,
+  `(up + 1) * gate * sigmoid(alpha * gate)`), gate and up interleaved in one matrix.
+- MXFP4 expert weights (the released checkpoints' `*_blocks` / `*_scales` pairs: two FP4
+  values a byte, one power-of-two scale per 32) are dequantized at load to the model's dtype.
+
+The experts run here as a loop over the experts a batch routes to (gathered rows, two
+matmuls each); tensor parallelism is refused (expert sharding is not built).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import nn
+
+from sluice.runtime.attention.base import AttentionBackend, LayerAttention
+from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
+from sluice.runtime.distributed.sharding import LlamaShard
+from sluice.runtime.model.config import ModelConfig
+from sluice.runtime.model.forward_batch import ForwardBatch
+from sluice.runtime.model.layers import Linear
+from sluice.runtime.model.rotary import RotaryEmbedding
+
+_LAYER_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_IGNORED_WEIGHTS = re.compile(r"rotary_emb\.\w*inv_freq$")
+_MXFP4 = re.compile(r"^(.+)_(blocks|scales)$")
+# the FP4 (e2m1) code points, by their 4-bit index
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`[experts, rows, groups, 16]` uint8 blocks (low nibble first) and `[experts, rows,
+    groups]` uint8 exponents (bias 127) -> `[experts, groups * 32, rows]` (the layout of the
+    unquantized checkpoints: input features first)."""
+    if blocks.shape[:-1] != scales.shape:
+        raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} differ")
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    blocks = blocks.to(torch.uint8)
+    values = torch.stack([lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]], dim=-1)
+    values = values.flatten(-2)  # [experts, rows, groups, 32]
+    values = torch.ldexp(values, scales.to(torch.int32)[..., None] - 127)
+    return values.flatten(-2).transpose(1, 2).contiguous().to(dtype)
+
+
+class GptOssRMSNorm(nn.Module):
+    """`weight * (x / rms(x))` in fp32, rounded once to the input's dtype."""
+
+    def __init__(self, dim: int, eps: float, device: torch.device | str, dtype: torch.dtype):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, device=device, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x32).to(x.dtype)
+
+
+class GptOssAttention(nn.Module):
+    def __init__(
+        self, config: ModelConfig, layer_id: int, device: torch.device | str, dtype: torch.dtype
+    ):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        bias = bool(config.raw.get("attention_bias", True))
+        self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias, device, dtype)
+        self.o_proj = Linear(config.q_size, config.hidden_size, bias, device, dtype)
+        self.sinks = nn.Parameter(
+            torch.empty(config.num_attention_heads, device=device, dtype=torch.float32),
+            requires_grad=False,
+        )
+        self.window = config.window_for(layer_id)
+
+    @property
+    def options(self) -> LayerAttention:
+        return LayerAttention(window=self.window, sinks=self.sinks, scale=self.head_dim**-0.5)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+        backend: AttentionBackend, options: LayerAttention,
+    ) -> torch.Tensor:  # fmt: skip
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = RotaryEmbedding.apply(q.view(n, self.num_heads, self.head_dim), cos, sin)
+        k = RotaryEmbedding.apply(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        out = backend.forward(q, k, v, self.layer_id, batch, options)
+        return self.o_proj(out.reshape(n, self.q_size))
+
+
+class GptOssExperts(nn.Module):
+    """The router and the clamped-SwiGLU experts of one layer (see the module docstring)."""
+
+    def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype):
+        super().__init__()
+        raw = config.raw
+        experts = int(raw.get("num_local_experts") or raw["num_experts"])
+        self.top_k = int(raw.get("num_experts_per_tok", 4))
+        self.alpha = float(raw.get("swiglu_alpha", 1.702))
+        self.limit = float(raw.get("swiglu_limit", 7.0))
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.router = Linear(hidden, experts, True, device, dtype)
+
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
+
+        self.gate_up_proj = param(experts, hidden, 2 * inter)  # gate, up interleaved by column
+        self.gate_up_proj_bias = param(experts, 2 * inter)
+        self.down_proj = param(experts, inter, hidden)
+        self.down_proj_bias = param(experts, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top_logits, chosen = torch.topk(self.router(x), self.top_k, dim=-1)
+        weights = torch.softmax(top_logits, dim=-1)
+        out = torch.zeros_like(x)
+        for expert in torch.unique(chosen).tolist():
+            tokens, slot = torch.where(chosen == expert)
+            h = x[tokens] @ self.gate_up_proj[expert] + self.gate_up_proj_bias[expert]
+            gate = h[..., ::2].clamp(max=self.limit)
+            up = h[..., 1::2].clamp(-self.limit, self.limit)
+            glu = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+            y = glu @ self.down_proj[expert] + self.down_proj_bias[expert]
+            out.index_add_(0, tokens, (y * weights[tokens, slot, None]).to(x.dtype))
+        return out
+
+
+class GptOssDecoderLayer(nn.Module):
+    def __init__(
+        self, config: ModelConfig, layer_id: int, device: torch.device | str, dtype: torch.dtype
+    ):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = GptOssRMSNorm(config.hidden_size, eps, device, dtype)
+        self.self_attn = GptOssAttention(config, layer_id, device, dtype)
+        self.post_attention_layernorm = GptOssRMSNorm(config.hidden_size, eps, device, dtype)
+        self.mlp = GptOssExperts(config, device, dtype)
+        self.options = self.self_attn.options
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:  # fmt: skip
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, backend, self.options)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class GptOssForCausalLM(nn.Module):
+    """gpt-oss: token ids in, next-token logits out; the interface of `LlamaForCausalLM`."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        attn_backend: AttentionBackend,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        tp: TensorParallelGroup = SINGLE_RANK,
+    ) -> None:
+        super().__init__()
+        if tp.size > 1:
+            raise ValueError("gpt-oss with tensor parallelism is not supported (expert sharding "
+                             "is not built); use --tensor-parallel-size 1")  # fmt: skip
+        if config.hidden_act != "silu":
+            raise ValueError(f"gpt-oss experts are SwiGLU (silu), not {config.hidden_act!r}")
+        self.tp = tp
+        self.shard = LlamaShard(config)
+        self.config = self.local_config = config
+        self.attn_backend = attn_backend
+        self.dtype = dtype
+        self.embed_tokens = nn.Parameter(
+            torch.empty(config.vocab_size, config.hidden_size, device=device, dtype=dtype),
+            requires_grad=False,
+        )
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, device)
+        self.layers = nn.ModuleList(
+            GptOssDecoderLayer(config, i, device, dtype) for i in range(config.num_hidden_layers)
+        )
+        self.norm = GptOssRMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, device, dtype)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """fp32 logits at each request's last new token (every token with
+        `batch.return_all_logits`; `batch.extra_logit_indices` rows after them)."""
+        self.attn_backend.init_forward_metadata(batch)
+        hidden = self.embed_tokens[batch.input_ids]
+        cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, batch, self.attn_backend)
+        if not batch.return_all_logits:
+            wanted = batch.last_token_indices
+            if batch.extra_logit_indices is not None:
+                wanted = torch.cat([wanted, batch.extra_logit_indices])
+            hidden = hidden[wanted]
+        rows = hidden.shape[0]
+        if batch.row_multiple > 1:  # deterministic mode: a batch-invariant row count
+            padded = max(batch.row_multiple, -(-rows // batch.row_multiple) * batch.row_multiple)
+            hidden = torch.cat([hidden, hidden.new_zeros(padded - rows, hidden.shape[1])])
+        return self.lm_head(self.norm(hidden))[:rows].float()
+
+    def expected_weight_names(self) -> list[str]:
+        per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight",
+                     "self_attn.sinks", "mlp.router.weight", "mlp.router.bias",
+                     *(f"mlp.experts.{p}" for p in ("gate_up_proj", "gate_up_proj_bias",
+                                                    "down_proj", "down_proj_bias")),
+                     *(f"self_attn.{p}_proj.weight" for p in "qkvo")]  # fmt: skip
+        if self.layers[0].self_attn.o_proj.bias is not None:
+            per_layer += [f"self_attn.{p}_proj.bias" for p in "qkvo"]
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        for i in range(self.config.num_hidden_layers):
+            names += [f"model.layers.{i}.{suffix}" for suffix in per_layer]
+        return names
+
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
+    ) -> None:
+        """Copy Hugging Face-named tensors (MXFP4 pairs dequantized) into the parameters;
+        `ValueError` names any unexpected tensor or any expected one that never came."""
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        expected = set(self.expected_weight_names())
+        seen: set[str] = set()
+        halves: dict[str, dict[str, torch.Tensor]] = {}  # MXFP4 name -> blocks / scales
+        lm_head = None
+        for name, tensor in items:
+            if _IGNORED_WEIGHTS.search(name):
+                continue
+            if name == "lm_head.weight":
+                lm_head = tensor
+                continue
+            packed = _MXFP4.match(name)
+            if packed is not None and packed.group(1) in expected:
+                pair = halves.setdefault(packed.group(1), {})
+                pair[packed.group(2)] = tensor
+                if len(pair) < 2:
+                    continue
+                name = packed.group(1)
+                tensor = dequantize_mxfp4(pair["blocks"], pair["scales"], self.dtype)
+                del halves[name]
+            if name not in expected:
+                raise ValueError(f"unexpected weight {name!r} for {type(self).__name__}")
+            seen.add(name)
+            self._load(name, tensor)
+        missing = sorted(expected - seen)
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise ValueError(f"checkpoint lacks {len(missing)} weights: {shown}")
+        if lm_head is not None and not self.config.tie_word_embeddings:
+            _copy(self.lm_head.weight, lm_head, "lm_head.weight")
+        elif not self.config.tie_word_embeddings:
+            raise ValueError("checkpoint lacks lm_head.weight")
+
+    def _load(self, name: str, tensor: torch.Tensor) -> None:
+        if name == "model.embed_tokens.weight":
+            return _copy(self.embed_tokens, tensor, name)
+        if name == "model.norm.weight":
+            return _copy(self.norm.weight, tensor, name)
+        match = _LAYER_WEIGHT.match(name)
+        assert match is not None
+        layer = self.layers[int(match.group(1))]
+        rest = match.group(2)
+        c = self.config
+        fused = {"q": 0, "k": c.q_size, "v": c.q_size + c.kv_size}
+        if (m := re.fullmatch(r"self_attn\.([qkv])_proj\.(weight|bias)", rest)) is not None:
+            return layer.self_attn.qkv_proj.load_rows(m.group(2), tensor, fused[m.group(1)])
+        target = {
+            "mlp.router.weight": layer.mlp.router.weight,
+            "mlp.router.bias": layer.mlp.router.bias,
+            "self_attn.o_proj.weight": layer.self_attn.o_proj.weight,
+            "self_attn.o_proj.bias": layer.self_attn.o_proj.bias,
+        }.get(rest)
+        if target is None:
+            target = layer.get_parameter(rest.replace("mlp.experts.", "mlp."))
+        return _copy(target, tensor, name)
+
+
+def _copy(param: torch.Tensor | None, tensor: torch.Tensor, name: str) -> None:
+    if param is None or param.shape != tensor.shape:
+        shape = None if param is None else tuple(param.shape)
+        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {shape}")
+    param.data.copy_(tensor)
