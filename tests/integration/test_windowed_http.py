@@ -28,7 +28,8 @@ MAX_NEW = 40
 FLAGS = ("--dtype", "float32", "--page-size", "16", "--max-total-tokens", "160",
          "--chunked-prefill-size", "16", "--init-new-token-ratio", "0.1")  # fmt: skip
 CASES = [("gemma3", "normal", 1), ("gemma3", "overlap", 1), ("gemma3", "overlap", 2),
-         ("gemma2", "normal", 1), ("gemma2", "overlap", 1)]  # fmt: skip
+         ("gemma2", "normal", 1), ("gemma2", "overlap", 1), ("gpt_oss", "normal", 1),
+         ("gpt_oss", "overlap", 1)]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,13 @@ Tiny random models with windows of 8-16 tokens (`tiny_windowed`): prompts of 40-
 cross them, so each case below is only right if every sliding layer sees exactly its window
 (and every full layer everything), with Gemma 2's soft-caps, Gemma 3's two RoPE bases and
 QK-norm, and gpt-oss's sinks. fp32 logits within 1e-4 at every position, on the compiled CPU
-kernels and on the torch backend.
+kernels and on the torch backend; the Triton kernels (under `TRITON_INTERPRET=1`, slow) take
+a chunked prefill and decode steps past the window on Gemma 2 (soft-caps) and gpt-oss (sinks).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,22 @@ def test_decode_far_past_the_window_matches_hf(folders, references, family, back
         last = paged.decode([(0, tokens[0]), (1, tokens[1])])
     expected = torch.stack([hf_logits(references[family], seq)[-1] for seq in seqs])
     assert_logits_close(last, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+def test_triton_kernels_chunked_prefill_and_decode_past_the_window(folders, references, family):
+    model = ours(folders[family], "triton")
+    ids = prompt(60, seed=5, vocab=model.config.vocab_size)
+    paged = runner(model)
+    out = [paged.extend([(0, ids[:24])], return_all_logits=True),
+           paged.extend([(0, ids[24:])], return_all_logits=True)]  # fmt: skip
+    assert_logits_close(torch.cat(out), hf_logits(references[family], ids))
+    for _ in range(4):
+        ids.append(int(out[-1][-1].argmax()))
+        out.append(paged.decode([(0, ids[-1])]))
+    assert_logits_close(out[-1][0], hf_logits(references[family], ids)[-1])
 
 
 def test_mxfp4_expert_weights_dequantize_as_transformers() -> None:

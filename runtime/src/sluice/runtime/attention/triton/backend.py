@@ -65,12 +65,6 @@ class TritonAttentionBackend(AttentionBackend):
             max_extend_len=max(batch.extend_lens_cpu, default=0),
         )
 
-    def unsupported(self, options: LayerAttention) -> str | None:
-        if options.is_plain:
-            return None
-        return ("the triton backend does not implement sliding windows, sink logits or "
-                "soft-capping yet; use --attention-backend torch (or cpu on the CPU)")  # fmt: skip
-
     def forward(
         self,
         q: torch.Tensor,
@@ -80,12 +74,10 @@ class TritonAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         options: LayerAttention = FULL_ATTENTION,
     ) -> torch.Tensor:
-        problem = self.unsupported(options)
-        if problem is not None:
-            raise ValueError(problem)
         meta, config = self._meta, self.config
         if meta is None or config is None:
             raise RuntimeError("init_forward_metadata() was not called before forward()")
+        config = config.for_head_dim(q.shape[-1])
         batch.kv.write(layer_id, batch.out_cache_loc, k, v)
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
         k_cache, v_cache = batch.kv.k[layer_id], batch.kv.v[layer_id]
@@ -95,13 +87,13 @@ class TritonAttentionBackend(AttentionBackend):
         if meta.mode == ForwardMode.DECODE:
             decode_attention(
                 q, k_cache, v_cache, batch.req_to_token, meta.req_pool_indices, meta.seq_lens,
-                out, scale, config,
+                out, scale, config, options.window, options.sinks, options.softcap,
             )  # fmt: skip
         else:
             assert meta.extend_starts is not None
             extend_attention(
                 q, k, v, k_cache, v_cache, out, batch.req_to_token, meta.req_pool_indices,
                 meta.prefix_lens, meta.extend_lens, meta.extend_starts, meta.max_extend_len,
-                scale, config,
+                scale, config, options.window, options.sinks, options.softcap,
             )  # fmt: skip
         return out
