@@ -38,6 +38,7 @@ from sluice.runtime.ipc.sockets import PortArgs
 from sluice.runtime.metrics import MetricsCollector
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
+from sluice.runtime.model.registry import architecture_for
 from sluice.runtime.scheduler.process import run_scheduler_process
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.supervisor import Supervisor
@@ -181,7 +182,11 @@ def startup_problem(args: ServerArgs, model_path: Path) -> str | None:
         import torch
 
         visible_gpus = torch.cuda.device_count()
-    config = ModelConfig.from_pretrained(model_path)
+    try:  # an architecture, or an option of one, that Sluice does not implement
+        config = ModelConfig.from_pretrained(model_path)
+        architecture_for(config)
+    except ValueError as err:
+        return str(err)
     return tensor_parallel_problem(
         args.tensor_parallel_size, args.nnodes, config, args.resolved_device, visible_gpus
     )

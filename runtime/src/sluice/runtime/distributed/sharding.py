@@ -1,16 +1,21 @@
 """Which part of each weight a tensor-parallel rank holds (Megatron-LM's layout).
 
-- column-parallel (output rows split): q/k/v and gate/up; each rank computes its own heads
-  and its own share of the MLP's intermediate features, with no communication;
-- row-parallel (input columns split): o and down; each rank's partial sums are added by an
-  all-reduce (their biases are added once: rank 0 holds them, the others hold zeros);
+- column-parallel (output rows split): q/k/v, gate/up and each expert's gate/up; each rank
+  computes its own heads and its own share of the MLP's (or each expert's) intermediate
+  features, with no communication;
+- row-parallel (input columns split): o, down and each expert's down; each rank's partial
+  sums are added by an all-reduce (their biases are added once: rank 0 holds them, the
+  others hold zeros);
 - vocab-parallel: the embedding and the LM head hold `ceil(vocab / tp)` rows each (the last
   rank's missing rows are zero padding); the embedding's lookups are all-reduced, the
   logits all-gathered;
+- replicated: norms (the per-head q/k norms included) and MoE routers;
 - KV heads are split when `num_kv_heads >= tp`, else replicated: rank r holds KV head
   `r * num_kv_heads // tp`, the one its query heads attend to.
 
-`LlamaShard.read` says what to read of each checkpoint tensor, so a rank reads only its
+Which split and which piece each checkpoint tensor is comes from its architecture's weight
+rules (`model.registry.WeightRule`: `split` one of `SPLITS`, `piece` one of `PIECES`);
+`ModelShard.read` turns them into what to read of each tensor, so a rank reads only its
 slices (safetensors' `get_slice`) instead of loading whole tensors and cutting them.
 """
 
@@ -18,13 +23,28 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from sluice.runtime.model.config import ModelConfig
 
-_COLUMN = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
-_ROW = re.compile(r"\.(o_proj|down_proj)\.(weight|bias)$")
+SPLITS = ("replicated", "vocab", "column", "row")
+# the dimension a column/row split cuts: attention heads, KV heads, the dense MLP's
+# intermediate features or each expert's
+PIECES = ("", "q", "k", "v", "o", "gate", "up", "down", "expert_gate", "expert_up", "expert_down")
 _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+class ShardRule(Protocol):
+    """What sharding needs of a weight rule (`model.registry.WeightRule` is one)."""
+
+    @property
+    def pattern(self) -> re.Pattern[str]: ...
+    @property
+    def split(self) -> str: ...
+    @property
+    def piece(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -47,12 +67,14 @@ WHOLE = TensorRead()
 
 
 @dataclass(frozen=True)
-class LlamaShard:
-    """Rank `rank` of `size` of a Llama-family model described by `config`."""
+class ModelShard:
+    """Rank `rank` of `size` of a model described by `config`, split by `rules` (its
+    architecture's weight rules; without them only the vocab tensors are split)."""
 
     config: ModelConfig
     rank: int = 0
     size: int = 1
+    rules: Sequence[ShardRule] = field(default=(), compare=False)
 
     @property
     def heads(self) -> int:
@@ -72,6 +94,12 @@ class LlamaShard:
         return self.config.intermediate_size // self.size
 
     @property
+    def expert_intermediate(self) -> int:
+        """Each expert's intermediate features on this rank (0 without experts)."""
+        moe = self.config.moe
+        return moe.intermediate_size // self.size if moe is not None else 0
+
+    @property
     def vocab_per_rank(self) -> int:
         return -(-self.config.vocab_size // self.size)
 
@@ -80,15 +108,19 @@ class LlamaShard:
         return self.rank * self.vocab_per_rank
 
     def local_config(self) -> ModelConfig:
-        """The shapes this rank builds: its heads, its MLP share and its vocab rows."""
+        """The shapes this rank builds: its heads, its MLP (and expert) share, its vocab rows."""
         if self.size == 1:
             return self.config
+        moe = self.config.moe
         return dataclasses.replace(
             self.config,
             num_attention_heads=self.heads,
             num_key_value_heads=self.kv_heads,
             intermediate_size=self.intermediate,
             vocab_size=self.vocab_per_rank,
+            moe=None
+            if moe is None
+            else dataclasses.replace(moe, intermediate_size=self.expert_intermediate),
         )
 
     def read(self, name: str) -> TensorRead:
@@ -96,21 +128,44 @@ class LlamaShard:
         if self.size == 1:
             return WHOLE
         if name in _VOCAB:
-            end = min(self.config.vocab_size, self.vocab_start + self.vocab_per_rank)
-            return TensorRead(rows=(self.vocab_start, end), pad_rows=self.vocab_per_rank)
-        if (m := _COLUMN.search(name)) is not None:
-            return TensorRead(rows=self._column_rows(m.group(1)))
-        if (m := _ROW.search(name)) is not None:
-            if m.group(2) == "bias":  # added once, after the all-reduce
-                return WHOLE if self.rank == 0 else TensorRead(zeros=True)
-            width = self.heads * self.config.head_dim if m.group(1) == "o_proj" else self.intermediate
-            return TensorRead(cols=(self.rank * width, (self.rank + 1) * width))
-        return WHOLE  # norms: replicated
+            return self._vocab_rows()
+        for rule in self.rules:
+            if rule.pattern.fullmatch(name):
+                return self.read_part(rule.split, rule.piece, name.endswith(".bias"))
+        return WHOLE
 
-    def _column_rows(self, projection: str) -> tuple[int, int]:
+    def read_part(self, split: str, piece: str, is_bias: bool = False) -> TensorRead:
+        """What this rank reads of a tensor split `split` along `piece`'s dimension."""
+        if self.size == 1 or split == "replicated":
+            return WHOLE
+        if split == "vocab":
+            return self._vocab_rows()
+        start, end = self._piece_range(piece)
+        if split == "column":
+            return TensorRead(rows=(start, end))
+        if split == "row":
+            if is_bias:  # added once, after the all-reduce
+                return WHOLE if self.rank == 0 else TensorRead(zeros=True)
+            return TensorRead(cols=(start, end))
+        raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
+
+    def _vocab_rows(self) -> TensorRead:
+        end = min(self.config.vocab_size, self.vocab_start + self.vocab_per_rank)
+        return TensorRead(rows=(self.vocab_start, end), pad_rows=self.vocab_per_rank)
+
+    def _piece_range(self, piece: str) -> tuple[int, int]:
+        """This rank's range of `piece`'s split dimension in the full checkpoint tensor."""
         d = self.config.head_dim
-        if projection == "q_proj":
+        if piece in ("q", "o"):
             return self.rank * self.heads * d, (self.rank + 1) * self.heads * d
-        if projection in ("k_proj", "v_proj"):
+        if piece in ("k", "v"):
             return self.kv_head_start * d, (self.kv_head_start + self.kv_heads) * d
-        return self.rank * self.intermediate, (self.rank + 1) * self.intermediate
+        if piece in ("gate", "up", "down"):
+            return self.rank * self.intermediate, (self.rank + 1) * self.intermediate
+        if piece in ("expert_gate", "expert_up", "expert_down"):
+            width = self.expert_intermediate
+            return self.rank * width, (self.rank + 1) * width
+        raise ValueError(f"piece {piece!r} has no split dimension; known: {', '.join(PIECES[1:])}")
+
+
+LlamaShard = ModelShard  # the name before the registry; kept for callers

@@ -84,6 +84,8 @@ def tensor_parallel_problem(
         )
     if config.intermediate_size % tp:
         return f"{flag} does not divide the model's MLP width {config.intermediate_size}"
+    if config.moe is not None and config.moe.intermediate_size % tp:
+        return f"{flag} does not divide the model's expert width {config.moe.intermediate_size}"
     per_node = tp // nnodes
     if device.startswith("cuda") and per_node > visible_gpus:
         return (

@@ -10,10 +10,16 @@ Which layers attend through a sliding window is `layer_types` (transformers' lis
 `max_window_layers` on). The windows are honoured by the attention backends, so a windowed
 model serves its whole `max_position_embeddings`. `generation_config.json`, when present,
 adds its end-of-sequence ids (Llama 3 Instruct lists its `<|eot_id|>` only there).
+
+What only some architectures have (per-head q/k norms, experts) is read by the
+architecture's own `read_options` (`model.registry.Architecture`), which also refuses the
+options it does not implement; a config of an unknown architecture keeps the common fields
+(the model registry refuses it when a model is built or a server starts).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 
@@ -41,6 +46,21 @@ class RopeScaling:
     attention_factor: float | None = None  # cos/sin multiplier; None: from factor (and mscale)
     mscale: float | None = None
     mscale_all_dim: float | None = None
+
+
+@dataclass(frozen=True)
+class MoEOptions:
+    """A mixture-of-experts MLP: `num_experts` SwiGLU experts of `intermediate_size` features,
+    `top_k` of them per token, chosen by a softmax router; `renormalize` rescales the chosen
+    weights to sum to one (Qwen3-MoE's `norm_topk_prob`; always for Mixtral). `sparse_layers`
+    are the layers with experts; the others keep a dense MLP of the model's
+    `intermediate_size` (Qwen3-MoE's `decoder_sparse_step` / `mlp_only_layers`)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    renormalize: bool
+    sparse_layers: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,8 @@ class ModelConfig:
     sliding_window: int | None = None  # None: full attention in every layer
     torch_dtype: str | None = None  # the checkpoint's own dtype, e.g. "bfloat16"
     hidden_act: str = "silu"  # the MLP's activation (`hidden_act` or Gemma's `hidden_activation`)
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
+    moe: MoEOptions | None = None  # None: a dense MLP in every layer
     # per layer: "full_attention" or "sliding_attention" (the latter only with sliding_window)
     layer_types: tuple[str, ...] = ()
     # the RoPE base of sliding layers where it differs from `rope_theta` (Gemma 3's local base)
@@ -120,11 +142,7 @@ class ModelConfig:
         """Build from the parsed `config.json` (and `generation_config.json`) dicts."""
         raw = _text_config(raw)
         model_type = raw.get("model_type", "")
-        hidden_act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
-        if hidden_act not in SUPPORTED_ACTIVATIONS:
-            raise ValueError(
-                f"hidden_act={hidden_act!r} is not supported ({', '.join(SUPPORTED_ACTIVATIONS)})"
-            )
+        hidden_act = str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu")
         num_heads = int(raw["num_attention_heads"])
         hidden_size = int(raw["hidden_size"])
         head_dim = raw.get("head_dim") or hidden_size // num_heads
@@ -141,7 +159,7 @@ class ModelConfig:
         eos_ids = _as_ids(raw.get("eos_token_id"))
         if generation is not None:
             eos_ids = _as_ids(generation.get("eos_token_id")) + eos_ids
-        return cls(
+        common = cls(
             architectures=tuple(raw.get("architectures") or ()),
             model_type=model_type,
             hidden_size=hidden_size,
@@ -168,6 +186,12 @@ class ModelConfig:
             rope_local_theta=rope_local_theta,
             raw=raw,
         )
+        from sluice.runtime.model.registry import find_architecture  # it imports this module
+
+        architecture = find_architecture(common)
+        if architecture is None:
+            return common
+        return dataclasses.replace(common, **architecture.read_options(raw, common))
 
 
 def _text_config(raw: dict[str, Any]) -> dict[str, Any]:

@@ -16,14 +16,16 @@ and `modeling_gemma3`:
 - GeGLU: `down(gelu_tanh(gate(x)) * up(x))`;
 - the final logits soft-capped (Gemma 2's `final_logit_softcapping`).
 
-Tensor parallelism follows `LlamaShard` (the projection names are Llama's): each rank holds
-its heads and MLP share, and the row-parallel outputs are all-reduced before the post-norms.
+The model is `CausalLM` with Gemma's embedding scale, norms, RoPE bases and final soft-cap;
+its weight rules are Llama's plus the two feed-forward norms and the q/k norms. Tensor
+parallelism follows the rules (each rank holds its heads and MLP share); the row-parallel
+outputs are all-reduced before the post-norms.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,14 +34,14 @@ from torch import nn
 from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.distributed.layers import embed, gather_logits
-from sluice.runtime.distributed.sharding import LlamaShard
-from sluice.runtime.model.config import SLIDING, ModelConfig, RopeScaling
+from sluice.runtime.model.causal_lm import CausalLM
+from sluice.runtime.model.config import ModelConfig, RopeScaling
 from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.layers import Linear
+from sluice.runtime.model.llama import attention_rules, common_rules, dense_mlp_rules
+from sluice.runtime.model.registry import Architecture, WeightRule
 from sluice.runtime.model.rotary import RotaryEmbedding
 
-_LAYER_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
-_IGNORED_WEIGHTS = re.compile(r"rotary_emb\.\w*inv_freq$")
 _NORMS = (
     "input_layernorm",
     "post_attention_layernorm",
@@ -102,7 +104,7 @@ class GemmaAttention(nn.Module):
             config.hidden_size, config.q_size + 2 * config.kv_size, config.qkv_bias, device, dtype
         )
         self.o_proj = Linear(config.q_size, config.hidden_size, config.o_bias, device, dtype)
-        self.qk_norm = config.model_type.startswith("gemma3")
+        self.qk_norm = config.qk_norm
         if self.qk_norm:
             self.q_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps, device, dtype)
             self.k_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps, device, dtype)
@@ -159,9 +161,9 @@ class GemmaDecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(self.tp.all_reduce(mlp))
 
 
-class GemmaForCausalLM(nn.Module):
-    """Gemma 2 / Gemma 3 text model: token ids in, next-token logits out (see the module
-    docstring); the same interface as `LlamaForCausalLM`."""
+class GemmaForCausalLM(CausalLM):
+    """Gemma 2 / Gemma 3 text model: `CausalLM` (its rule-driven loading and sharding) with
+    Gemma's embedding scale, final norm, two RoPE bases and final soft-cap."""
 
     def __init__(
         self,
@@ -170,35 +172,17 @@ class GemmaForCausalLM(nn.Module):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         tp: TensorParallelGroup = SINGLE_RANK,
+        architecture: Architecture | None = None,
     ) -> None:
-        super().__init__()
-        if config.hidden_act != "gelu_pytorch_tanh":
-            raise ValueError(f"Gemma's MLP is GeGLU (gelu_pytorch_tanh), not {config.hidden_act!r}")
-        self.tp = tp
-        self.shard = LlamaShard(config, tp.rank, tp.size)
-        self.config = config
-        self.local_config = local = self.shard.local_config()
-        self.attn_backend = attn_backend
-        self.embed_tokens = nn.Parameter(
-            torch.empty(local.vocab_size, local.hidden_size, device=device, dtype=dtype),
-            requires_grad=False,
-        )
+        super().__init__(config, attn_backend, device, dtype, tp, architecture)
         # HF keeps the multiplier as a tensor cast to the weights' dtype
         self.embed_scale = float(torch.tensor(config.hidden_size**0.5, dtype=dtype))
         local_theta = config.rope_local_theta or config.rope_theta
-        self.rotary = nn.ModuleDict({
-            "full": RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, device),
-            "sliding": RotaryEmbedding(config.head_dim, local_theta, RopeScaling(), device),
-        })  # fmt: skip
-        self.layers = nn.ModuleList(
-            GemmaDecoderLayer(local, i, device, dtype, tp) for i in range(config.num_hidden_layers)
-        )
+        self.local_rotary = RotaryEmbedding(config.head_dim, local_theta, RopeScaling(), device)
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
-        self.lm_head = Linear(local.hidden_size, local.vocab_size, False, device, dtype)
-        self.lm_head.weight = self.embed_tokens
         softcap = config.raw.get("final_logit_softcapping")
         self.final_softcap = float(softcap) if softcap else None
-        self.uses_sliding = SLIDING in config.layer_types and config.sliding_window is not None
+        self.uses_sliding = any(config.window_for(i) for i in range(config.num_hidden_layers))
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -207,9 +191,9 @@ class GemmaForCausalLM(nn.Module):
         self.attn_backend.init_forward_metadata(batch)
         hidden = embed(batch.input_ids, self.embed_tokens, self.shard.vocab_start, self.tp)
         hidden = hidden * self.embed_scale
-        ropes = {False: self.rotary["full"].cos_sin(batch.positions, hidden.dtype)}
+        ropes = {False: self.rotary.cos_sin(batch.positions, hidden.dtype)}
         if self.uses_sliding:
-            ropes[True] = self.rotary["sliding"].cos_sin(batch.positions, hidden.dtype)
+            ropes[True] = self.local_rotary.cos_sin(batch.positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, ropes, batch, self.attn_backend)
         if not batch.return_all_logits:
@@ -227,73 +211,33 @@ class GemmaForCausalLM(nn.Module):
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
 
-    def load_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
-    ) -> None:
-        """Copy Hugging Face-named tensors into the (fused) parameters; `ValueError` names
-        any unexpected tensor or any expected one that never came. The LM head is tied."""
-        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        expected = set(self.expected_weight_names())
-        seen: set[str] = set()
-        for raw_name, tensor in items:
-            name = raw_name.removeprefix("language_model.")  # multimodal checkpoints' prefix
-            if _IGNORED_WEIGHTS.search(name) or name == "lm_head.weight":
-                continue
-            if name not in expected:
-                raise ValueError(f"unexpected weight {raw_name!r} for {type(self).__name__}")
-            seen.add(name)
-            if name == "model.embed_tokens.weight":
-                _copy(self.embed_tokens, tensor, name)
-            elif name == "model.norm.weight":
-                _copy(self.norm.weight, tensor, name)
-            else:
-                self._load_layer_weight(name, tensor)
-        missing = sorted(expected - seen)
-        if missing:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ValueError(f"checkpoint lacks {len(missing)} weights: {shown}")
 
-    def expected_weight_names(self) -> list[str]:
-        c = self.config
-        per_layer = [f"{n}.weight" for n in _NORMS]
-        per_layer += [f"self_attn.{p}_proj.weight" for p in "qkvo"]
-        per_layer += [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
-        if c.qkv_bias:
-            per_layer += [f"self_attn.{p}_proj.bias" for p in "qkv"]
-        if c.o_bias:
-            per_layer.append("self_attn.o_proj.bias")
-        if self.layers[0].self_attn.qk_norm:
-            per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
-        names = ["model.embed_tokens.weight", "model.norm.weight"]
-        for i in range(c.num_hidden_layers):
-            names += [f"model.layers.{i}.{suffix}" for suffix in per_layer]
-        return names
-
-    def _load_layer_weight(self, name: str, tensor: torch.Tensor) -> None:
-        match = _LAYER_WEIGHT.match(name)
-        assert match is not None  # `name` passed the expected-name check
-        layer = self.layers[int(match.group(1))]
-        module, kind = match.group(2), match.group(3)
-        c = self.local_config
-        fused_rows = {
-            "self_attn.q_proj": (layer.self_attn.qkv_proj, 0),
-            "self_attn.k_proj": (layer.self_attn.qkv_proj, c.q_size),
-            "self_attn.v_proj": (layer.self_attn.qkv_proj, c.q_size + c.kv_size),
-            "self_attn.o_proj": (layer.self_attn.o_proj, 0),
-            "mlp.gate_proj": (layer.mlp.gate_up_proj, 0),
-            "mlp.up_proj": (layer.mlp.gate_up_proj, c.intermediate_size),
-            "mlp.down_proj": (layer.mlp.down_proj, 0),
-        }
-        if module in fused_rows:
-            linear, start = fused_rows[module]
-            linear.load_rows(kind, tensor, start)
-        else:  # a norm: "input_layernorm", "self_attn.q_norm", ...
-            _copy(layer.get_submodule(module).weight, tensor, name)
+def _read_options(raw: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
+    act = config.hidden_act
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"Gemma's MLP is GeGLU (gelu_pytorch_tanh); hidden_activation={act!r} "
+                         "is not supported")  # fmt: skip
+    return {"qk_norm": str(raw.get("model_type", "")).startswith("gemma3")}
 
 
-def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
-    if param.shape != tensor.shape:
-        raise ValueError(
-            f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}"
-        )
-    param.data.copy_(tensor)
+GEMMA_RULES = (
+    common_rules()
+    + attention_rules()
+    + dense_mlp_rules()
+    + tuple(
+        WeightRule.literal(f"model.layers.{{layer}}.{n}.weight", f"layers.{{layer}}.{n}.weight")
+        for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm",
+                  "self_attn.q_norm", "self_attn.k_norm")  # the last two: Gemma 3 only
+    )  # fmt: skip
+)
+
+ARCHITECTURES = (
+    Architecture(
+        names=("Gemma3ForCausalLM", "Gemma2ForCausalLM"),
+        model_types=("gemma3_text", "gemma2"),
+        decoder_layer=GemmaDecoderLayer,
+        weight_rules=GEMMA_RULES,
+        model_class=GemmaForCausalLM,
+        read_options=_read_options,
+    ),
+)

@@ -17,21 +17,22 @@ matmuls each); tensor parallelism is refused (expert sharding is not built).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
-from sluice.runtime.distributed.sharding import LlamaShard
+from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.layers import Linear
+from sluice.runtime.model.llama import attention_rules, common_rules
+from sluice.runtime.model.registry import Architecture, WeightRule
 from sluice.runtime.model.rotary import RotaryEmbedding
 
-_LAYER_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_IGNORED_WEIGHTS = re.compile(r"rotary_emb\.\w*inv_freq$")
 _MXFP4 = re.compile(r"^(.+)_(blocks|scales)$")
 # the FP4 (e2m1) code points, by their 4-bit index
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -74,7 +75,7 @@ class GptOssAttention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
-        bias = bool(config.raw.get("attention_bias", True))
+        bias = config.qkv_bias
         self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias, device, dtype)
         self.o_proj = Linear(config.q_size, config.hidden_size, bias, device, dtype)
         self.sinks = nn.Parameter(
@@ -138,7 +139,12 @@ class GptOssExperts(nn.Module):
 
 class GptOssDecoderLayer(nn.Module):
     def __init__(
-        self, config: ModelConfig, layer_id: int, device: torch.device | str, dtype: torch.dtype
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        tp: TensorParallelGroup = SINGLE_RANK,
     ):
         super().__init__()
         eps = config.rms_norm_eps
@@ -156,8 +162,9 @@ class GptOssDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class GptOssForCausalLM(nn.Module):
-    """gpt-oss: token ids in, next-token logits out; the interface of `LlamaForCausalLM`."""
+class GptOssForCausalLM(CausalLM):
+    """gpt-oss: `CausalLM` (its rule-driven loading) with gpt-oss's final norm and MXFP4
+    expert weights dequantized as they stream in."""
 
     def __init__(
         self,
@@ -166,128 +173,70 @@ class GptOssForCausalLM(nn.Module):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         tp: TensorParallelGroup = SINGLE_RANK,
+        architecture: Architecture | None = None,
     ) -> None:
-        super().__init__()
         if tp.size > 1:
             raise ValueError("gpt-oss with tensor parallelism is not supported (expert sharding "
                              "is not built); use --tensor-parallel-size 1")  # fmt: skip
-        if config.hidden_act != "silu":
-            raise ValueError(f"gpt-oss experts are SwiGLU (silu), not {config.hidden_act!r}")
-        self.tp = tp
-        self.shard = LlamaShard(config)
-        self.config = self.local_config = config
-        self.attn_backend = attn_backend
+        super().__init__(config, attn_backend, device, dtype, tp, architecture)
         self.dtype = dtype
-        self.embed_tokens = nn.Parameter(
-            torch.empty(config.vocab_size, config.hidden_size, device=device, dtype=dtype),
-            requires_grad=False,
-        )
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling, device)
-        self.layers = nn.ModuleList(
-            GptOssDecoderLayer(config, i, device, dtype) for i in range(config.num_hidden_layers)
-        )
         self.norm = GptOssRMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, device, dtype)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens
-
-    @torch.no_grad()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """fp32 logits at each request's last new token (every token with
-        `batch.return_all_logits`; `batch.extra_logit_indices` rows after them)."""
-        self.attn_backend.init_forward_metadata(batch)
-        hidden = self.embed_tokens[batch.input_ids]
-        cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
-        for layer in self.layers:
-            hidden = layer(hidden, cos, sin, batch, self.attn_backend)
-        if not batch.return_all_logits:
-            wanted = batch.last_token_indices
-            if batch.extra_logit_indices is not None:
-                wanted = torch.cat([wanted, batch.extra_logit_indices])
-            hidden = hidden[wanted]
-        rows = hidden.shape[0]
-        if batch.row_multiple > 1:  # deterministic mode: a batch-invariant row count
-            padded = max(batch.row_multiple, -(-rows // batch.row_multiple) * batch.row_multiple)
-            hidden = torch.cat([hidden, hidden.new_zeros(padded - rows, hidden.shape[1])])
-        return self.lm_head(self.norm(hidden))[:rows].float()
-
-    def expected_weight_names(self) -> list[str]:
-        per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight",
-                     "self_attn.sinks", "mlp.router.weight", "mlp.router.bias",
-                     *(f"mlp.experts.{p}" for p in ("gate_up_proj", "gate_up_proj_bias",
-                                                    "down_proj", "down_proj_bias")),
-                     *(f"self_attn.{p}_proj.weight" for p in "qkvo")]  # fmt: skip
-        if self.layers[0].self_attn.o_proj.bias is not None:
-            per_layer += [f"self_attn.{p}_proj.bias" for p in "qkvo"]
-        names = ["model.embed_tokens.weight", "model.norm.weight"]
-        for i in range(self.config.num_hidden_layers):
-            names += [f"model.layers.{i}.{suffix}" for suffix in per_layer]
-        return names
 
     def load_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
     ) -> None:
-        """Copy Hugging Face-named tensors (MXFP4 pairs dequantized) into the parameters;
-        `ValueError` names any unexpected tensor or any expected one that never came."""
+        """`CausalLM.load_weights`, each MXFP4 `*_blocks` / `*_scales` pair dequantized into
+        the tensor it stands for."""
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        expected = set(self.expected_weight_names())
-        seen: set[str] = set()
-        halves: dict[str, dict[str, torch.Tensor]] = {}  # MXFP4 name -> blocks / scales
-        lm_head = None
+        super().load_weights(self._dequantized(items))
+
+    def _dequantized(
+        self, items: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        halves: dict[str, dict[str, torch.Tensor]] = {}
         for name, tensor in items:
-            if _IGNORED_WEIGHTS.search(name):
-                continue
-            if name == "lm_head.weight":
-                lm_head = tensor
-                continue
             packed = _MXFP4.match(name)
-            if packed is not None and packed.group(1) in expected:
-                pair = halves.setdefault(packed.group(1), {})
-                pair[packed.group(2)] = tensor
-                if len(pair) < 2:
-                    continue
-                name = packed.group(1)
-                tensor = dequantize_mxfp4(pair["blocks"], pair["scales"], self.dtype)
-                del halves[name]
-            if name not in expected:
-                raise ValueError(f"unexpected weight {name!r} for {type(self).__name__}")
-            seen.add(name)
-            self._load(name, tensor)
-        missing = sorted(expected - seen)
-        if missing:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ValueError(f"checkpoint lacks {len(missing)} weights: {shown}")
-        if lm_head is not None and not self.config.tie_word_embeddings:
-            _copy(self.lm_head.weight, lm_head, "lm_head.weight")
-        elif not self.config.tie_word_embeddings:
-            raise ValueError("checkpoint lacks lm_head.weight")
-
-    def _load(self, name: str, tensor: torch.Tensor) -> None:
-        if name == "model.embed_tokens.weight":
-            return _copy(self.embed_tokens, tensor, name)
-        if name == "model.norm.weight":
-            return _copy(self.norm.weight, tensor, name)
-        match = _LAYER_WEIGHT.match(name)
-        assert match is not None
-        layer = self.layers[int(match.group(1))]
-        rest = match.group(2)
-        c = self.config
-        fused = {"q": 0, "k": c.q_size, "v": c.q_size + c.kv_size}
-        if (m := re.fullmatch(r"self_attn\.([qkv])_proj\.(weight|bias)", rest)) is not None:
-            return layer.self_attn.qkv_proj.load_rows(m.group(2), tensor, fused[m.group(1)])
-        target = {
-            "mlp.router.weight": layer.mlp.router.weight,
-            "mlp.router.bias": layer.mlp.router.bias,
-            "self_attn.o_proj.weight": layer.self_attn.o_proj.weight,
-            "self_attn.o_proj.bias": layer.self_attn.o_proj.bias,
-        }.get(rest)
-        if target is None:
-            target = layer.get_parameter(rest.replace("mlp.experts.", "mlp."))
-        return _copy(target, tensor, name)
+            if packed is None:
+                yield name, tensor
+                continue
+            pair = halves.setdefault(packed.group(1), {})
+            pair[packed.group(2)] = tensor
+            if len(pair) == 2:
+                del halves[packed.group(1)]
+                yield packed.group(1), dequantize_mxfp4(pair["blocks"], pair["scales"], self.dtype)
+        if halves:
+            raise ValueError(f"MXFP4 tensors without their other half: {', '.join(sorted(halves))}")
 
 
-def _copy(param: torch.Tensor | None, tensor: torch.Tensor, name: str) -> None:
-    if param is None or param.shape != tensor.shape:
-        shape = None if param is None else tuple(param.shape)
-        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {shape}")
-    param.data.copy_(tensor)
+def _read_options(raw: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
+    if config.hidden_act != "silu":
+        raise ValueError(f"gpt-oss experts are SwiGLU (silu), not {config.hidden_act!r}")
+    return {}
+
+
+def _literal(hf: str, target: str) -> WeightRule:
+    return WeightRule.literal(f"model.layers.{{layer}}.{hf}", f"layers.{{layer}}.{target}")
+
+
+GPT_OSS_RULES = (
+    common_rules()
+    + attention_rules()
+    + (
+        _literal("self_attn.sinks", "self_attn.sinks"),
+        _literal("mlp.router.weight", "mlp.router.weight"),
+        _literal("mlp.router.bias", "mlp.router.bias"),
+        *(_literal(f"mlp.experts.{p}", f"mlp.{p}") for p in ("gate_up_proj", "gate_up_proj_bias",
+                                                              "down_proj", "down_proj_bias")),
+    )  # fmt: skip
+)
+
+ARCHITECTURES = (
+    Architecture(
+        names=("GptOssForCausalLM",),
+        model_types=("gpt_oss",),
+        decoder_layer=GptOssDecoderLayer,
+        weight_rules=GPT_OSS_RULES,
+        model_class=GptOssForCausalLM,
+        read_options=_read_options,
+    ),
+)

@@ -30,8 +30,9 @@ from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.attention.registry import create_attention_backend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.distributed.sharding import WHOLE, TensorRead
+from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
-from sluice.runtime.model.llama import LlamaForCausalLM, model_class_for
+from sluice.runtime.model.registry import architecture_for
 
 logger = logging.getLogger(__name__)
 
@@ -211,14 +212,17 @@ def iter_safetensors(
     path: Path, device: torch.device | str, plan: Callable[[str], TensorRead] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of every shard, read straight onto `device`; with `plan` (a tensor
-    parallel rank's `LlamaShard.read`), only the slice of each tensor the plan names."""
+    parallel rank's `ModelShard.read`), only the slice of each tensor the plan names."""
     from safetensors import safe_open
 
     for file in weight_files(path):
         with safe_open(str(file), framework="pt", device=str(device)) as handle:
             for name in handle.keys():
                 read = plan(name) if plan is not None else WHOLE
-                yield name, handle.get_tensor(name) if read.whole else _read_part(handle, name, read)
+                yield (
+                    name,
+                    handle.get_tensor(name) if read.whole else _read_part(handle, name, read),
+                )
 
 
 def _read_part(handle: Any, name: str, read: TensorRead) -> torch.Tensor:
@@ -243,18 +247,21 @@ def load_model(
     dtype: torch.dtype,
     attention_backend: str | AttentionBackend = "auto",
     tp: TensorParallelGroup = SINGLE_RANK,
-) -> tuple[LlamaForCausalLM, ModelConfig]:
+) -> tuple[CausalLM, ModelConfig]:
     """Build the model for the folder's architecture and load its safetensors weights (with
     tensor parallelism, this rank's shard: it reads only its slices)."""
     path = Path(path)
     config = ModelConfig.from_pretrained(path)
-    model_class = model_class_for(config)
+    architecture = architecture_for(config)
+    model_class = architecture.build_model_class()
     backend = (
         attention_backend
         if isinstance(attention_backend, AttentionBackend)
         else create_attention_backend(attention_backend, device)
     )
-    model = model_class(config, backend, device=device, dtype=dtype, tp=tp)
+    model = model_class(
+        config, backend, device=device, dtype=dtype, tp=tp, architecture=architecture
+    )
     check_backend_supports(model, backend)
     model.load_weights(iter_safetensors(path, device, model.shard.read if tp.size > 1 else None))
     model.eval()
