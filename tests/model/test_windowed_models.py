@@ -147,3 +147,15 @@ def test_an_mxfp4_checkpoint_loads_its_experts_dequantized(folders) -> None:
     tensors["model.layers.0.mlp.experts.gate_up_proj_scales"] = scales
     model.load_weights(tensors)
     assert torch.equal(model.layers[0].mlp.gate_up_proj, dequantize_mxfp4(blocks, scales, torch.float32))
+
+
+def test_a_backend_without_windows_refuses_the_model_at_load(folders) -> None:
+    """What FlashInfer does: the loader asks every layer's options and stops with the reason."""
+    from sluice.runtime.attention.torch_backend import TorchAttentionBackend
+
+    class NoWindows(TorchAttentionBackend):
+        def unsupported(self, options):
+            return "no sliding windows here" if options.window else None
+
+    with pytest.raises(ValueError, match="no sliding windows here"):
+        load_model(folders["gemma3"], "cpu", torch.float32, NoWindows())
