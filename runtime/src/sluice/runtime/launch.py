@@ -53,8 +53,8 @@ WATCH_INTERVAL_S = 0.5
 def served_name(args: ServerArgs, model_path: Path) -> str:
     if args.served_model_name:
         return args.served_model_name
-    if args.model == C.BUNDLED_MODEL_NAME:
-        return C.BUNDLED_SERVED_NAME
+    if args.model in C.BUNDLED_MODELS:
+        return C.BUNDLED_MODELS[args.model]
     return Path(args.model.rstrip("/")).name.removesuffix(".gguf")
 
 

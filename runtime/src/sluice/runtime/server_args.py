@@ -21,8 +21,8 @@ from sluice.runtime.dataclass_cli import add_flags, option
 class ServerArgs:
     model: str = option(
         C.BUNDLED_MODEL_NAME,
-        "Hugging Face model folder, GGUF file, or the bundled model's name "
-        f"('{C.BUNDLED_MODEL_NAME}').",
+        "Hugging Face model folder, GGUF file, or a bundled model's name "
+        f"({', '.join(repr(n) for n in C.BUNDLED_MODELS)}).",
     )
     served_model_name: str = option("", "Model name reported by /v1/models (default: derived).")
     host: str = option(C.DEFAULT_HOST, "Address the HTTP server binds.")

@@ -13,6 +13,11 @@ gather indices); the backend plans a FlashInfer wrapper once per batch, at the f
 layer, and runs it for every layer. Decode batches of a CUDA-graph bucket use a wrapper of
 their own whose metadata buffers are static (`use_cuda_graph=True`), planned before the
 capture and before every replay.
+
+One plan serves every layer, so per-layer options (`LayerAttention`: sliding windows, sink
+logits, soft-capping, a layer's own scale) are refused at load (`unsupported`): FlashInfer's
+`window_left` and `logits_soft_cap` are plan arguments, and wiring them would take a wrapper
+per kind of layer. Such models run on the `triton` or `torch` backend.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 import torch
 
-from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, LayerAttention
 from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 WORKSPACE_BYTES = 256 * 2**20
@@ -165,6 +170,13 @@ class FlashInferAttentionBackend(AttentionBackend):
         plan = _Plan(ForwardMode.DECODE, bs, bs, wrapper, layout, None, planned=False)
         self._plan_now(plan, self._heads)
 
+    def unsupported(self, options: LayerAttention) -> str | None:
+        if options.is_plain and options.scale is None:
+            return None
+        return ("the flashinfer backend plans one kernel for all layers and does not implement "
+                "per-layer sliding windows, sink logits, soft-capping or scales; use "
+                "--attention-backend triton (or torch)")  # fmt: skip
+
     def forward(
         self,
         q: torch.Tensor,
@@ -172,7 +184,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         layer_id: int,
         batch: ForwardBatch,
+        options: LayerAttention = FULL_ATTENTION,
     ) -> torch.Tensor:
+        problem = self.unsupported(options)
+        if problem is not None:
+            raise ValueError(problem)
         plan = self._plan
         if plan is None:
             raise RuntimeError("init_forward_metadata() was not called before forward()")
