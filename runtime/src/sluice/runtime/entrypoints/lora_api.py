@@ -25,6 +25,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, ConfigDict
 
 from sluice.runtime.entrypoints import openai_protocol as P
 from sluice.runtime.entrypoints.json_body import load_json_body
@@ -37,6 +38,21 @@ logger = logging.getLogger("sluice.lora")
 
 OP_TIMEOUT_S = 300.0  # a load reads the adapter's files on every rank
 UNLOAD_RETRY_S = 0.05
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """vLLM's POST /v1/load_lora_adapter body."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """vLLM's POST /v1/unload_lora_adapter body."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: str
 
 
 @dataclass(frozen=True)
@@ -110,16 +126,20 @@ class LoraAdapters:
             return LoraOpResult(msg.op_id, False, 503, "the scheduler did not answer")
 
     # ---- routes -------------------------------------------------------------------------
-    async def _body(self, request: Request) -> dict[str, Any]:
+    async def _body(self, request: Request, fields: set[str]) -> dict[str, Any]:
         if not self.enabled:
             raise P.ProtocolError("LoRA is off: start the server with --enable-lora.", status=400)
         data = load_json_body(await request.body())
         if not isinstance(data, dict):
             raise P.ProtocolError("The request body must be a JSON object.", code="invalid_json")
+        for name in data:
+            if name not in fields:
+                raise P.ProtocolError(f"Unrecognized request argument supplied: {name}",
+                                      param=name, code="unsupported_parameter")  # fmt: skip
         return data
 
     async def load(self, request: Request) -> PlainTextResponse:
-        data = await self._body(request)
+        data = await self._body(request, {"lora_name", "lora_path"})
         name, path = data.get("lora_name"), data.get("lora_path")
         if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
             raise P.ProtocolError("Both 'lora_name' and 'lora_path' must be provided.")
@@ -146,7 +166,7 @@ class LoraAdapters:
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload(self, request: Request) -> PlainTextResponse:
-        data = await self._body(request)
+        data = await self._body(request, {"lora_name"})
         name = data.get("lora_name")
         if not isinstance(name, str) or not name:
             raise P.ProtocolError("'lora_name' must be provided.")

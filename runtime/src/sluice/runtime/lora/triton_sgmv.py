@@ -10,12 +10,15 @@ with one adapter; base-model tokens are in no segment and are never touched):
   projection's output is fine: only its row stride is used).
 
 `R` is the slot buffers' rank (a power of two, at least 16, for `tl.dot`); an adapter of a
-lower rank is zero beyond it, which adds exact zeros. fp32 inputs use IEEE dots (no TF32),
-so the kernel matches the torch path; bf16 inputs use bf16 dots with fp32 accumulation.
+lower rank is zero beyond it, which adds exact zeros. Tiles are converted to fp32 and
+accumulated in fp32: IEEE dots for fp32 models (no TF32: the kernel matches the torch
+path), TF32 dots for bf16 ones.
 On the CPU the kernels run under `TRITON_INTERPRET=1` (the tests).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -23,6 +26,8 @@ import triton.language as tl
 
 from sluice.runtime.lora.ops import Segments
 
+# Triton's interpreter (the CPU tests) emulates TF32 wrongly; it runs IEEE dots
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK_M = 16
 BLOCK_N = 64
 BLOCK_K = 64
@@ -32,7 +37,7 @@ BLOCK_K = 64
 def _shrink_kernel(
     x_ptr, a_ptr, h_ptr, seg_start_ptr, seg_len_ptr, seg_slot_ptr,
     K, stride_xt, stride_as, stride_ar, stride_ht,
-    R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     seg = tl.program_id(0)
     block = tl.program_id(1)
@@ -53,10 +58,7 @@ def _shrink_kernel(
                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
         a = tl.load(a_ptr + slot * stride_as + offs_r[None, :] * stride_ar + offs_k[:, None],
                     mask=mask_k[:, None], other=0.0)  # fmt: skip
-        if IEEE:
-            acc += tl.dot(x.to(tl.float32), a.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(x, a.to(x.dtype))
+        acc += tl.dot(x.to(tl.float32), a.to(tl.float32), input_precision=PRECISION)
     tl.store(h_ptr + rows[:, None] * stride_ht + offs_r[None, :], acc, mask=mask_m[:, None])
 
 
@@ -64,7 +66,7 @@ def _shrink_kernel(
 def _expand_kernel(
     h_ptr, b_ptr, y_ptr, scaling_ptr, seg_start_ptr, seg_len_ptr, seg_slot_ptr,
     N, stride_ht, stride_bs, stride_bn, stride_yt,
-    R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+    R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     seg = tl.program_id(0)
     block = tl.program_id(1)
@@ -83,10 +85,7 @@ def _expand_kernel(
     h = tl.load(h_ptr + rows[:, None] * stride_ht + offs_r[None, :], mask=mask_m[:, None], other=0.0)
     b = tl.load(b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None],
                 mask=mask_n[None, :], other=0.0)  # fmt: skip
-    if IEEE:
-        delta = tl.dot(h, b.to(tl.float32), input_precision="ieee")
-    else:
-        delta = tl.dot(h.to(b.dtype), b)
+    delta = tl.dot(h, b.to(tl.float32), input_precision=PRECISION)
     delta = delta * tl.load(scaling_ptr + slot)
     y_ptrs = y_ptr + rows[:, None] * stride_yt + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
@@ -111,17 +110,17 @@ def lora_triton(
     rank = a.shape[1]
     tokens, fan_in = x.shape
     fan_out = y.shape[1]
-    ieee = x.dtype == torch.float32
+    precision = "ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32"
     h = torch.empty(tokens, rank, dtype=torch.float32, device=x.device)
     m_blocks = triton.cdiv(seg.max_len, BLOCK_M)
     nseg = len(seg.slots)
     _shrink_kernel[(nseg, m_blocks)](
         x, a, h, seg.starts_t, seg.lens_t, seg.slots_t,
         fan_in, x.stride(0), a.stride(0), a.stride(1), h.stride(0),
-        R=rank, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, IEEE=ieee,
+        R=rank, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, PRECISION=precision,
     )  # fmt: skip
     _expand_kernel[(nseg, m_blocks, triton.cdiv(fan_out, BLOCK_N))](
         h, b, y, scaling, seg.starts_t, seg.lens_t, seg.slots_t,
         fan_out, h.stride(0), b.stride(0), b.stride(1), y.stride(0),
-        R=rank, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, IEEE=ieee,
+        R=rank, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PRECISION=precision,
     )  # fmt: skip
