@@ -88,6 +88,13 @@ METRIC_TTFT_SECONDS = "sluice_time_to_first_token_seconds"
 METRIC_ITL_SECONDS = "sluice_inter_token_latency_seconds"
 METRIC_E2E_SECONDS = "sluice_e2e_request_latency_seconds"
 METRIC_QUEUE_TIME_SECONDS = "sluice_queue_time_seconds"
+# LoRA (--enable-lora); label LABEL_LORA_ADAPTER names the adapter
+LABEL_LORA_ADAPTER = "adapter"
+METRIC_LORA_REQUESTS_RUNNING = "sluice_lora_requests_running"
+METRIC_LORA_REQUESTS_WAITING = "sluice_lora_requests_waiting"
+METRIC_LORA_ADAPTERS_LOADED = "sluice_lora_adapters_loaded"
+METRIC_LORA_MAX_ADAPTERS = "sluice_lora_max_adapters_per_batch"
+METRIC_LORA_LOAD_SECONDS = "sluice_lora_load_seconds"
 
 # how a request ended (sluice_requests_total{status}): finished (stop, length), its client
 # went away (abort), the server failed it (error), past --request-timeout (timeout), or

@@ -241,7 +241,8 @@ def launch_server(args: ServerArgs) -> int:
     )  # fmt: skip
     tm.processes = {p.name: p.pid for p in children.procs}
     metrics = MetricsCollector(
-        tm.served_model_name, tm.stats, compat=args.metrics_compat, page_size=ready.page_size
+        tm.served_model_name, tm.stats, compat=args.metrics_compat, page_size=ready.page_size,
+        lora=args.enable_lora,
     )
     app = build_app(tm, args, metrics_handler=metrics.handler)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)

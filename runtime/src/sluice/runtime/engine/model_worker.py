@@ -43,6 +43,7 @@ from sluice.runtime.engine.engine_faults import EngineUnusable
 from sluice.runtime.engine.fault_injection import FaultPlan
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput, RowInput
 from sluice.runtime.ipc.messages import SchedulerReady
+from sluice.runtime.lora.manager import create_lora_manager
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
 from sluice.runtime.model import cpu_fused_ops
 from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -132,6 +133,7 @@ class ModelWorker:
             logger.info("quantization %s: %d linear layers", args.quantization, quantized)
         if self.device == "cpu" and (reason := cpu_fused_ops.enable(self.model)) is not None:
             logger.warning("fused CPU ops unavailable (%s); running the torch ops", reason)
+        self.lora = create_lora_manager(args, self.model, self.device, self.dtype, str(model_path))
         self.tokenizer = load_tokenizer(Path(model_path))
         cfg = self.model_config
         eos = set(cfg.eos_token_ids)
@@ -179,6 +181,8 @@ class ModelWorker:
         off = cuda_graph_disabled_reason(
             self.device, backend, args.disable_cuda_graph, args.enable_deterministic_inference
         )
+        if off is None and self.lora is not None:
+            off = "LoRA adapters (--enable-lora: the batch's adapter segments are host-built)"
         if off is None and self.tp.size > 1:
             off = "tensor parallelism (the collectives are not captured)"
         if off is not None:
@@ -320,6 +324,8 @@ class ModelWorker:
     def _launch(self, fi: ForwardInput) -> LaunchedForward:
         began = time.perf_counter()
         fb = self.forward_batch(fi)
+        if self.lora is not None:
+            self.lora.prepare([(r.length, r.lora) for r in fi.rows])
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             logits = self.graph_runner.replay(fb)
         else:
