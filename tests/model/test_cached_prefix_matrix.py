@@ -76,12 +76,14 @@ class Scenario:
     """A prompt of `length` tokens whose first `cached` come from another request's pages
     (whole pages of 16, so both page sizes share them); the rest is computed in chunks of
     `chunk` (0: one forward); `mixed`: the first forward carries a fresh prefill of another
-    request in the same batch (the mixed batch of the default configuration)."""
+    request in the same batch (the mixed batch of the default configuration), after this
+    request's row (`"after"`: a leading one-token row goes to the decode kernels) or before
+    it (`"before"`: the extend kernels compute the one-token row)."""
 
     length: int
     cached: int
     chunk: int = 0
-    mixed: bool = False
+    mixed: str = ""
 
 
 SCENARIOS = {
@@ -91,10 +93,11 @@ SCENARIOS = {
     "cached_then_5": Scenario(37, cached=32),
     "partly_cached": Scenario(40, cached=16),
     "chunked_over_cached": Scenario(40, cached=16, chunk=7),
-    "cached_last_in_mixed_batch": Scenario(33, cached=32, mixed=True),
+    "cached_last_in_mixed_batch": Scenario(33, cached=32, mixed="after"),
+    "one_token_row_in_extend_batch": Scenario(33, cached=32, mixed="before"),
 }
 
-TRITON_SCENARIOS = ("cached_all_but_last", "chunked_over_cached", "cached_last_in_mixed_batch")
+TRITON_SCENARIOS = ("cached_all_but_last", "chunked_over_cached", "one_token_row_in_extend_batch")
 
 
 @dataclass
@@ -191,10 +194,11 @@ def run_scenario(model: torch.nn.Module, kv_dtype: torch.dtype, page_size: int,
         piece = prompt_ids[pos : pos + chunk]
         work = [(req, piece)]
         if scenario.mixed and pos == scenario.cached:
-            work.append((other, prompt(9, 3, model.config.vocab_size)))
+            fresh = (other, prompt(9, 3, model.config.vocab_size))
+            work = [*work, fresh] if scenario.mixed == "after" else [fresh, *work]
         logits = runner.run(work)
         pos += len(piece)
-        out[pos - 1] = logits[0]
+        out[pos - 1] = logits[0 if work[0][0] == req else 1]
     for step in range(DECODE_STEPS):
         token_pos = scenario.length + step
         out[token_pos] = runner.run([(req, [sequence[token_pos]])])[0]
@@ -245,6 +249,7 @@ def test_scenarios_cover_what_the_issue_names() -> None:
     assert {1, 2, 5} <= set(new.values()) and max(new.values()) > 16
     assert all(s.cached % 16 == 0 and s.length <= SEQUENCE_PROMPT for s in SCENARIOS.values())
     assert any(s.chunk and s.cached for s in SCENARIOS.values())
+    assert {s.mixed for s in SCENARIOS.values()} == {"", "after", "before"}
 
 
 def test_worker_forward_mode_is_decode_for_one_token_rows(oracle: Oracle) -> None:
