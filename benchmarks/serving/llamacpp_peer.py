@@ -4,7 +4,7 @@ All requests are sequences of one llama.cpp context (`n_seq_max` = requests, uni
 their prompts are prefilled through `llama_decode` in batches of `N_BATCH` tokens, then
 each step decodes one token for every sequence still running, greedily, each sequence
 stopping at its own output length (continuous batching, as the server does). Two models:
-`llamacpp` is the bundled GGUF as shipped (Q4_1 for SmolLM2), `llamacpp-q8_0` a Q8_0
+`llamacpp` is the bundled GGUF as shipped (Q4_1 for SmolLM2, Q4_K_M for Gemma 3 270M), `llamacpp-q8_0` a Q8_0
 re-quantization of it made once by llama.cpp's own `llama_model_quantize` into the cache.
 
 llama-cpp-python is not a project dependency: install it in the benchmark environment
@@ -63,6 +63,10 @@ def source_gguf(model: str) -> Path:
         from sluice.runtime.model.loader import bundled_gguf_path
 
         return bundled_gguf_path()
+    if model in (constants.BUNDLED_GEMMA3_NAME, constants.BUNDLED_GEMMA3_URI):
+        from sluice.runtime.model.loader import bundled_gemma3_gguf_path, default_cache_dir
+
+        return bundled_gemma3_gguf_path(default_cache_dir())
     if model.endswith(".gguf") and Path(model).is_file():
         return Path(model)
     raise PeerUnavailable(f"the llama.cpp peers need a GGUF model, not {model!r}")

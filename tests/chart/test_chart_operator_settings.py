@@ -133,3 +133,12 @@ def test_peered_replicas_get_a_distinct_priority_from_their_pod_ip(tmp_path):
 
     priorities = {priority(ip) for ip in ("10.244.1.17", "10.244.2.17", "fd00::1:17")}
     assert len(priorities) == 3 and all(0 <= p < 2**31 for p in priorities)
+
+
+def test_without_the_optional_rules_the_operator_has_no_access_to_those_kinds():
+    settings = settings_for({"rbac": {"podMonitors": False, "inferencePools": False}})
+    assert (settings.pod_monitors, settings.inference_pools) == ("off", "off")
+    assert (settings_for(DEFAULTS).pod_monitors, settings_for(DEFAULTS).inference_pools) == (
+        "auto",
+        "auto",
+    )

@@ -124,6 +124,7 @@ class PagedRunner:
     max_requests: int = 8
     max_context: int = 256
     seed: int = 0
+    kv_dtype: torch.dtype = torch.float32
     kv: KVBuffers = field(init=False)
     req_to_token: torch.Tensor = field(init=False)
     lens: list[int] = field(init=False)
@@ -137,7 +138,7 @@ class PagedRunner:
             c.num_hidden_layers,
             c.num_key_value_heads,
             c.head_dim,
-            torch.float32,
+            self.kv_dtype,
             "cpu",
         )
         self.req_to_token = torch.zeros(self.max_requests, self.max_context, dtype=torch.int32)
@@ -173,6 +174,17 @@ class PagedRunner:
     def decode(self, requests: list[tuple[int, int]]) -> torch.Tensor:
         """One decode step: `(request row, its latest token id)`."""
         return self._run(ForwardMode.DECODE, [(r, [t]) for r, t in requests], False)
+
+    @staticmethod
+    def mode_for(requests: list[tuple[int, list[int]]]) -> ForwardMode:
+        """The mode the model worker gives a batch: decode when every row computes one token."""
+        single = all(len(tokens) == 1 for _, tokens in requests)
+        return ForwardMode.DECODE if single else ForwardMode.EXTEND
+
+    def run(self, requests: list[tuple[int, list[int]]]) -> torch.Tensor:
+        """One forward as the model worker runs it: `(request row, new token ids)` rows on
+        top of what each row holds, in the mode the worker would pick."""
+        return self._run(self.mode_for(requests), requests, False)
 
     def _run(
         self, mode: ForwardMode, requests: list[tuple[int, list[int]]], all_logits: bool

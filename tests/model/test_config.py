@@ -10,7 +10,7 @@ import torch
 
 from sluice.runtime.model.config import ModelConfig, RopeScaling
 from sluice.runtime.model.llama import LlamaForCausalLM, model_class_for
-from sluice.runtime.model.rotary import rope_inv_freq
+from sluice.runtime.model.rotary import rope_attention_scaling, rope_inv_freq
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -87,8 +87,8 @@ def test_transformers5_rope_parameters_are_read() -> None:
 
 
 def test_unsupported_rope_type_is_rejected() -> None:
-    with pytest.raises(ValueError, match="yarn"):
-        config(rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="longrope"):
+        config(rope_scaling={"rope_type": "longrope", "factor": 4.0})
 
 
 @pytest.mark.parametrize("rope_type", ["default", "linear", "llama3"])
@@ -115,12 +115,34 @@ def test_rope_frequencies_equal_transformers(rope_type: str) -> None:
     assert torch.equal(rope_inv_freq(ours.head_dim, ours.rope_theta, ours.rope_scaling), expected)
 
 
-def test_a_trained_sliding_window_caps_the_context() -> None:
-    mistral = config(model_type="mistral", max_position_embeddings=32768, sliding_window=4096)
-    assert mistral.context_length == 4096
+def test_a_sliding_window_is_per_layer_and_no_longer_caps_the_context() -> None:
+    mistral = config(model_type="mistral", max_position_embeddings=32768, sliding_window=4096,
+                     num_hidden_layers=2)  # fmt: skip
+    assert mistral.context_length == 32768
+    assert [mistral.window_for(i) for i in range(2)] == [4096, 4096]
     qwen2 = config(model_type="qwen2", max_position_embeddings=32768, sliding_window=4096)
-    assert qwen2.context_length == 32768  # Qwen2 ignores the window unless use_sliding_window
+    assert qwen2.window_for(0) is None  # Qwen2 ignores the window unless use_sliding_window
+    qwen2 = config(model_type="qwen2", sliding_window=64, use_sliding_window=True,
+                   num_hidden_layers=3, max_window_layers=1)  # fmt: skip
+    assert [qwen2.window_for(i) for i in range(3)] == [None, 64, 64]
     assert config().context_length == 512
+
+
+def test_yarn_rope_matches_transformers() -> None:
+    """gpt-oss's YaRN: the inverse frequencies and the cos/sin factor transformers computes."""
+    from transformers import GptOssConfig
+
+    params = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+              "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
+    hf = GptOssConfig(hidden_size=64, head_dim=32, num_attention_heads=2, rope_parameters=params,
+                      max_position_embeddings=131072)  # fmt: skip
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    expected, factor = ROPE_INIT_FUNCTIONS["yarn"](hf)
+    ours = config(hidden_size=64, head_dim=32, num_attention_heads=2, num_key_value_heads=2,
+                  rope_parameters=params, max_position_embeddings=131072)  # fmt: skip
+    torch.testing.assert_close(rope_inv_freq(32, ours.rope_theta, ours.rope_scaling), expected)
+    assert rope_attention_scaling(ours.rope_scaling) == pytest.approx(factor)
 
 
 def test_llama_mistral_and_qwen2_share_one_implementation() -> None:

@@ -59,8 +59,12 @@ def errors() -> Iterator[ErrorLog]:
 
 @pytest.fixture(scope="module")
 def operator(
-    cluster: Cluster, errors: ErrorLog, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    cluster: Cluster,
+    errors: ErrorLog,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[KopfRunner]:
+    """The operator, with the test module's OPERATOR_ENV (if any) over the defaults."""
     kubeconfig = cluster.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
     env = {
         "KUBECONFIG": str(kubeconfig),
@@ -68,6 +72,7 @@ def operator(
         "SLUICE_RETRY_DELAY_SECONDS": "0.2",
         "SLUICE_RETRY_MAX_DELAY_SECONDS": "1",
         "SLUICE_RESYNC_SECONDS": str(RESYNC_S),
+        **getattr(request.module, "OPERATOR_ENV", {}),
     }
     with (
         environment(**env),

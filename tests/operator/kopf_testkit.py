@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from operator_cluster import Cluster, wait_for
+from operator_emulator import OPERATOR_AGENTS as OPERATOR_AGENTS  # re-exported for tests
 from operator_testkit import IMAGE, isvc_object
 
 ISVC = ("sluice.dev/v1alpha1", "inferenceservices")
@@ -29,7 +30,6 @@ SERVICEACCOUNT = ("v1", "serviceaccounts")
 ROLE = ("rbac.authorization.k8s.io/v1", "roles")
 ROLEBINDING = ("rbac.authorization.k8s.io/v1", "rolebindings")
 INFERENCEPOOL = ("inference.networking.k8s.io/v1", "inferencepools")
-OPERATOR_AGENTS = ("sluice-operator", "kopf/")
 HANDOVER = "sluice-operator-replicas-handover"
 HPA_MANAGER = "kube-controller-manager"
 RESYNC_S = 2.0

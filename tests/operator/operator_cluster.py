@@ -183,6 +183,14 @@ class Cluster:
         """Make the next `times` matching requests fail with `status`, changing nothing."""
         self.on_loop(lambda: self.emulator.faults.append([method, path_suffix, status, times]))
 
+    def deny(self, plural: str, *verbs: str) -> None:
+        """RBAC: the operator may not use `verbs` (all verbs if none) on `plural`; its
+        requests answer 403 Forbidden until `allow`."""
+        self.on_loop(lambda: self.emulator.denied.__setitem__(plural, frozenset(verbs)))
+
+    def allow(self, plural: str) -> None:
+        self.on_loop(lambda: self.emulator.denied.pop(plural, None))
+
     def clear_faults(self) -> None:
         self.on_loop(self.emulator.faults.clear)
 

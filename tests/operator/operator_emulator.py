@@ -25,7 +25,9 @@ an API server adds. `SluiceEmulator` fills the gaps:
   (`gc_held`) to see the window a real cluster has.
 
 Test controls: `faults` (fail matching requests), `muted` (drop watch events of a
-resource, like a watch that missed them), `gc_held`.
+resource, like a watch that missed them), `gc_held`, `denied` (RBAC: the operator's
+requests for a resource, watches included, answer 403 Forbidden with the message a real
+API server writes; discovery stays allowed, as `system:discovery` grants it).
 
 Not emulated (covered elsewhere): schema validation and defaulting beyond the fields in
 field_managers.DEFAULTS (operator_validators.py and kubernetes-validate in the tests),
@@ -63,6 +65,8 @@ class SluiceEmulator(kmock.KubernetesEmulator):
     faults: list[list[Any]] = attrs.field(factory=list, init=False)
     # plurals whose watch events are dropped
     muted: set[str] = attrs.field(factory=set, init=False)
+    # (plural, verbs) the operator may not use (RBAC); an empty verb set denies every verb
+    denied: dict[str, frozenset[str]] = attrs.field(factory=dict, init=False)
     # field ownership per object uid
     ownership: dict[str, fm.Ownership] = attrs.field(factory=dict, init=False)
     # owner uids whose dependents the collector has still to delete
@@ -145,6 +149,9 @@ class SluiceEmulator(kmock.KubernetesEmulator):
             ):
                 fault[3] -= 1
                 raise kmock.KubernetesError(status, "Injected", f"injected failure {status}")
+        forbidden = self._forbidden(request)
+        if forbidden is not None:
+            raise kmock.KubernetesError(403, "Forbidden", forbidden)
         if request.resource is not None and request.action in (
             kmock.action.CREATE,
             kmock.action.UPDATE,
@@ -158,6 +165,25 @@ class SluiceEmulator(kmock.KubernetesEmulator):
                 await self._mutate(request)
         # skip KubernetesEmulator._handle (its state changes are replaced by ours)
         return await kmock.RawHandler._handle(self, request)
+
+    def _forbidden(self, request: kmock.Request) -> str | None:
+        """The API server's RBAC message if the operator may not do this request."""
+        resource = request.resource
+        if resource is None or resource.plural not in self.denied:
+            return None
+        if not _header(request.headers, "User-Agent").startswith(OPERATOR_AGENTS):
+            return None
+        verb = rbac_verb(record(request), named=request.name is not None)
+        verbs = self.denied[resource.plural]
+        if verbs and verb not in verbs:
+            return None
+        where = f' in the namespace "{request.namespace}"' if request.namespace else ""
+        group = resource.group or ""
+        return (
+            f"{resource.plural}{'.' + group if group else ''} is forbidden: User"
+            f' "system:serviceaccount:sluice-system:sluice-operator" cannot {verb} resource'
+            f' "{resource.plural}" in API group "{group}"{where}'
+        )
 
     async def _mutate(self, request: kmock.Request) -> None:
         if request.action == kmock.action.CREATE:
@@ -365,6 +391,19 @@ def record(request: kmock.Request) -> dict[str, Any]:
         "time": time.monotonic(),
         "status": None,  # the response's, once answered
     }
+
+
+OPERATOR_AGENTS = ("sluice-operator", "kopf/")
+
+
+def rbac_verb(entry: Mapping[str, Any], *, named: bool) -> str:
+    """The RBAC verb of a recorded request (an apply is a patch)."""
+    method = entry["method"]
+    if method == "GET":
+        if entry["params"].get("watch") == "true":
+            return "watch"
+        return "get" if named else "list"
+    return {"POST": "create", "DELETE": "delete", "PUT": "update"}.get(method, "patch")
 
 
 def manager_of(request: kmock.Request) -> str:

@@ -103,7 +103,13 @@ def test_create_makes_owned_children_and_reports_status(cluster, ns):
         "Available",
         "Progressing",
         "Degraded",
+        "OptionalResourcesAvailable",
     }
+    optional = next(c for c in final["conditions"] if c["type"] == "OptionalResourcesAvailable")
+    assert (optional["status"], optional["message"]) == (
+        "True",
+        "PodMonitor: API not served; InferencePool: API not served",
+    )
     assert [e["message"] for e in events(cluster, ns, "Created")] == [
         f"Created {kind} {ns}/chat." for kind in ("Deployment", "Service", "PodDisruptionBudget")
     ]

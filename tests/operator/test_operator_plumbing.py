@@ -41,7 +41,7 @@ def test_api_errors_carry_the_status_reason_and_message():
     assert _error_from(502, "<html>bad gateway</html>").message == "<html>bad gateway</html>"
 
 
-@pytest.mark.parametrize("status", [0, 401, 403, 404, 409, 429, 500, 503])
+@pytest.mark.parametrize("status", [0, 401, 404, 409, 429, 500, 503])
 def test_api_errors_time_may_fix_are_transient(status):
     assert ApiError(status, "X", "y").transient  # retried with back-off
 

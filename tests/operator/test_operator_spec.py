@@ -38,8 +38,20 @@ def test_minimal_spec_gets_the_documented_defaults(make_spec):
     )
     assert isvc.startup_timeout_seconds == 1800
     assert isvc.termination_grace_period_seconds == 120
-    assert isvc.model.source == ModelSource(uri="bundled://smollm2-135m", scheme="bundled")
+    assert isvc.model.source == ModelSource(
+        uri="bundled://smollm2-135m", scheme="bundled", path="smollm2-135m"
+    )
     assert isvc.model.served_name == "SmolLM2-135M-Instruct"
+
+
+def test_the_second_bundled_model_is_gemma3_270m(make_spec):
+    from sluice.operator.builders.model import model_mount
+
+    isvc = make_spec(model={"source": "bundled://gemma3-270m"})
+
+    assert isvc.model.source.scheme == "bundled"
+    assert isvc.model.served_name == "gemma-3-270m"
+    assert model_mount(isvc, {}).model_argument == "gemma3-270m"
 
 
 def test_hf_source_names_the_repo_and_defaults_the_token_key(make_spec):

@@ -15,7 +15,14 @@ from transformers.generation.logits_process import (
 
 from sluice.runtime.engine.forward_input import SamplingInput
 from sluice.runtime.ipc.messages import SamplingParams
-from sluice.runtime.sampling.sampler import TokenHistory, apply_penalties, draw, sample, warp
+from sluice.runtime.sampling.sampler import (
+    TokenHistory,
+    apply_penalties,
+    device_uniforms,
+    draw,
+    sample,
+    warp,
+)
 
 VOCAB = 257
 
@@ -132,19 +139,50 @@ def test_a_draw_is_the_inverse_cdf_of_the_rows_own_uniform():
     params = [SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=1.2, top_k=30)]
     logits = random_logits(2, seed=11)
     probs = warp(logits, params).softmax(-1)
-    seeds = [123, 456]
-    picked = draw(probs, [torch.Generator().manual_seed(s) for s in seeds])
-    for row, seed in enumerate(seeds):
-        u = torch.rand(1, generator=torch.Generator().manual_seed(seed)).item()
+    seeds, counters = torch.tensor([123, 456]), torch.tensor([7, 8])
+    u = device_uniforms(seeds, counters)
+    picked = draw(probs, u)
+    for row in range(2):
         p = hf_probs(logits[row], params[row])
         running, want = 0.0, None
         for j in range(VOCAB):  # the first token whose cumulative probability passes u
             running += p[j].item()
-            if running > u:
+            if running > u[row].item():
                 want = j
                 break
         assert picked[row].item() == want
         assert p[want] > 0
+
+
+def test_device_uniforms_are_uniform_and_depend_on_seed_and_position():
+    """Kolmogorov-Smirnov against U(0, 1) over 20000 (seed, position) pairs, and no two
+    neighbouring seeds or positions give the same stream."""
+    seeds = torch.arange(200).repeat_interleave(100) * 7919 + 2**40
+    counters = torch.arange(100).repeat(200)
+    u = device_uniforms(seeds, counters).double().sort().values
+    n = u.numel()
+    ecdf = torch.arange(1, n + 1, dtype=torch.float64) / n
+    ks = (ecdf - u).abs().max().item()
+    assert ks < 1.63 / n**0.5  # the 1% critical value
+    assert 0 < u.min() and u.max() < 1
+    grid = device_uniforms(seeds, counters).view(200, 100)
+    assert not torch.equal(grid[0], grid[1]) and not torch.equal(grid[:, 0], grid[:, 1])
+    # lag-1 correlation along positions is that of independent draws
+    a, b = grid[:, :-1].flatten().double(), grid[:, 1:].flatten().double()
+    assert abs(torch.corrcoef(torch.stack([a, b]))[0, 1].item()) < 0.03
+
+
+def test_a_seeded_row_draws_the_same_token_whatever_shares_its_batch():
+    logits = random_logits(3, seed=21)
+    p = SamplingParams(temperature=1.5, seed=77)
+    mine = SamplingInput(p, 1, torch.Generator().manual_seed(77))
+    others = [SamplingInput(SamplingParams(temperature=0.9), 1, torch.Generator().manual_seed(s))
+              for s in (1, 2)]  # fmt: skip
+    alone = sample(logits[:1], [mine]).token_ids[0].item()
+    for order in ([mine, *others], [others[0], mine, others[1]]):
+        at = order.index(mine)
+        batch = torch.cat([logits[1 : at + 1], logits[:1], logits[at + 1 :]]) if at else logits
+        assert sample(batch, order).token_ids[at].item() == alone
 
 
 def test_greedy_rows_take_the_argmax_and_banned_tokens_are_never_picked():

@@ -80,9 +80,15 @@ app.kubernetes.io/component: operator
 {{- if and .Values.monitoring.enabled .Values.monitoring.grafanaDashboard.enabled }}true{{ end }}
 {{- end }}
 
-{{/* SLUICE_POD_MONITORS: never while the chart's own PodMonitor scrapes the pods. */}}
+{{/* SLUICE_POD_MONITORS: off without the PodMonitor rule (no access: never touched nor
+watched), never while the chart's own PodMonitor scrapes the pods. */}}
 {{- define "sluice.podMonitorsMode" -}}
-{{- if include "sluice.podMonitorOn" . }}never{{ else }}{{ .Values.operator.podMonitors }}{{ end }}
+{{- if not .Values.rbac.podMonitors }}off{{ else if include "sluice.podMonitorOn" . }}never{{ else }}{{ .Values.operator.podMonitors }}{{ end }}
+{{- end }}
+
+{{/* SLUICE_INFERENCE_POOLS: off without the InferencePool rule. */}}
+{{- define "sluice.inferencePoolsMode" -}}
+{{- if .Values.rbac.inferencePools }}auto{{ else }}off{{ end }}
 {{- end }}
 
 {{/*

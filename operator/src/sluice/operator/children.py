@@ -9,8 +9,9 @@ InferencePool when the pool is off). A child is known by its kind and name: the 
 are named after the InferenceService, the router's `<name>-router`, and the Service the
 router discovers the runtime pods from `<name>-workers`.
 
-Failures are typed for the reconcile: `ApiError` (transient or not) passes through;
-`Blocked` means "not now": a child of the same name belongs to someone else, or to a
+Failures are typed for the reconcile: `ApiError` (transient or not) passes through,
+except a 403 for an optional kind, which is `OptionalForbidden` (the reconcile goes on
+without that kind); `Blocked` means "not now": a child of the same name belongs to someone else, or to a
 previous InferenceService of this name that the garbage collector has not removed yet.
 Both heal by themselves or by a human, never by a spec change, so they are retried.
 """
@@ -51,10 +52,12 @@ from .kube import (
     ROLES,
     SERVICEACCOUNTS,
     SERVICES,
+    ApiError,
     KubeApi,
     Resource,
     resource_of,
 )
+from .optional import OPTIONAL_RESOURCES, OptionalForbidden
 from .spec import InferenceServiceSpec
 
 Key = tuple[str, str]  # (kind, name): which child
@@ -194,10 +197,25 @@ async def read_children(
     """The current object of every child the plan applies or removes."""
     children = [(resource_of(obj), key_of(obj)[1]) for obj in the_plan.apply]
     children += list(the_plan.remove)
-    return {
-        (resource.kind, name): await api.get(resource, namespace, name)
-        for resource, name in children
-    }
+    found: dict[Key, dict[str, Any] | None] = {}
+    for resource, name in children:
+        with optional_denials(resource):
+            found[(resource.kind, name)] = await api.get(resource, namespace, name)
+    return found
+
+
+class optional_denials:
+    """Within: a 403 for an optional kind is raised as OptionalForbidden."""
+
+    def __init__(self, resource: Resource) -> None:
+        self.resource = resource
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        if isinstance(error, ApiError) and error.forbidden and self.resource in OPTIONAL_RESOURCES:
+            raise OptionalForbidden(self.resource, error) from error
 
 
 async def apply_children(
@@ -215,14 +233,17 @@ async def apply_children(
     result = Applied()
     for child in children:
         key = key_of(child)
-        result.objects[key] = await api.apply(child)
+        with optional_denials(resource_of(child)):
+            result.objects[key] = await api.apply(child)
         if existing.get(key) is None:
             result.created.append(key)
     for resource, name in the_plan.remove:
         current = existing.get((resource.kind, name))
         if current is not None and owned_by(current, owner_uid):
             uid = current["metadata"]["uid"]
-            if await api.delete(resource, namespace, name, uid=uid):
+            with optional_denials(resource):
+                gone = await api.delete(resource, namespace, name, uid=uid)
+            if gone:
                 result.deleted.append((resource.kind, name))
     return result
 

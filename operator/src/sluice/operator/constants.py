@@ -135,11 +135,14 @@ CONDITION_DEGRADED = "Degraded"
 CONDITION_TYPES = (CONDITION_READY, CONDITION_AVAILABLE, CONDITION_PROGRESSING, CONDITION_DEGRADED)
 
 CONDITION_ROUTER_READY = "RouterReady"  # only while spec.router.enabled
+# the optional APIs (PodMonitor, InferencePool): False while one is denied (optional.py)
+CONDITION_OPTIONAL_RESOURCES = "OptionalResourcesAvailable"
 
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_APPLY_FAILED = "ApplyFailed"
 REASON_NAME_CONFLICT = "NameConflict"
 REASON_WAITING_FOR_GC = "WaitingForGarbageCollection"
+REASON_FORBIDDEN = "Forbidden"  # the API server denied a request (403): RBAC, a policy, a quota
 
 # --- the router in front of the runtime pods (spec.router) -----------------------------------
 ROUTER_APP_NAME = "sluice-router"  # app.kubernetes.io/name of the router pods

@@ -34,18 +34,22 @@ ISVC = (c.GROUP, c.VERSION, c.PLURAL)
 MANAGED = {c.LABEL_MANAGED_BY: c.MANAGER_LABEL_VALUE}
 MANAGED_SELECTOR = f"{c.LABEL_MANAGED_BY}={c.MANAGER_LABEL_VALUE}"
 # every kind the operator creates, and the pods (their status goes into Degraded)
-CHILD_KINDS = (
+REQUIRED_CHILD_KINDS = (
     ("apps", "v1", "deployments"),
     ("", "v1", "services"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("policy", "v1", "poddisruptionbudgets"),
-    ("monitoring.coreos.com", "v1", "podmonitors"),
     ("networking.k8s.io", "v1", "networkpolicies"),
     ("", "v1", "serviceaccounts"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("inference.networking.k8s.io", "v1", "inferencepools"),
 )
+# watched unless the settings turn them off (no RBAC for them: see optional.py)
+OPTIONAL_CHILD_KINDS = {
+    "pod_monitors": ("monitoring.coreos.com", "v1", "podmonitors"),
+    "inference_pools": ("inference.networking.k8s.io", "v1", "inferencepools"),
+}
+CHILD_KINDS = (*REQUIRED_CHILD_KINDS, *OPTIONAL_CHILD_KINDS.values())
 PODS = ("", "v1", "pods")
 
 
@@ -64,8 +68,9 @@ async def startup(
     memo["settings"] = ours
     api = KubeApi(timeout=ours.api_timeout_seconds)
     memo["api"] = api
-    memo["controller"] = Controller(Context(settings=ours, api=api))
+    memo["controller"] = Controller(Context.create(ours, api))
     configure_kopf(settings)
+    watch_optional_kinds(kopf.get_default_registry(), ours)
     logger.info(
         f"Sluice operator starting: default image {ours.default_image}, pod monitors"
         f" {ours.pod_monitors}, resync every {ours.resync_seconds:g}s, {ours.workers} workers."
@@ -111,6 +116,26 @@ async def pod_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         memo["controller"].enqueue((body["metadata"]["namespace"], instance))
 
 
-for _kind in CHILD_KINDS:
+@kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+async def crd_event(memo: kopf.Memo, **_: Any) -> None:
+    """A CRD came, went or changed: the cached discovery of optional APIs is stale."""
+    memo["controller"].ctx.optional.forget_discovery()
+
+
+def watch_optional_kinds(registry: kopf.OperatorRegistry, settings: Settings) -> None:
+    """Watch the optional kinds the settings do not turn off (a watch without RBAC would
+    fail forever). Runs at start-up, before Kopf starts its watches; an operator started
+    again in the same process (tests) re-decides."""
+    handlers = registry._watching._handlers  # Kopf has no public way to remove a handler
+    ids = {f"{kind[2]}-event" for kind in OPTIONAL_CHILD_KINDS.values()}
+    handlers[:] = [handler for handler in handlers if handler.id not in ids]
+    for setting, kind in OPTIONAL_CHILD_KINDS.items():
+        if getattr(settings, setting) != "off":
+            kopf.on.event(*kind, labels=MANAGED, id=f"{kind[2]}-event", registry=registry)(
+                child_event
+            )
+
+
+for _kind in REQUIRED_CHILD_KINDS:
     kopf.on.event(*_kind, labels=MANAGED, id=f"{_kind[2]}-event")(child_event)
 kopf.on.event(*PODS, labels=MANAGED, id="pods-event")(pod_event)

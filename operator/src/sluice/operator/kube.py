@@ -97,8 +97,14 @@ class ApiError(Exception):
     @property
     def transient(self) -> bool:
         """Worth retrying as is: server-side trouble, throttling, conflicts, no connection,
-        and permission errors (an administrator can fix RBAC without touching the spec)."""
-        return self.status in (0, 401, 403, 404, 408, 409, 429) or self.status >= 500
+        expired credentials, a namespace or API that is going away. A 403 is not: it is
+        reported (`forbidden`), and retried with back-off by the reconcile."""
+        return self.status in (0, 401, 404, 408, 409, 429) or self.status >= 500
+
+    @property
+    def forbidden(self) -> bool:
+        """Denied: RBAC, an admission policy (Gatekeeper, Kyverno), a ResourceQuota."""
+        return self.status == 403
 
 
 class KubeApi:

@@ -10,8 +10,12 @@ Steps: the object (gone: stop) → its spec (invalid: status Failed, wait for a 
 the children that exist (someone else's, or a deleted predecessor's awaiting garbage
 collection: status, retry with back-off) → who owns the Deployment's replica count
 (replicas.py) → apply and delete children (a rejected object: status Failed, retried at
-the next resync; a transient API error propagates: back-off) → the current ReplicaSet and
-its pods → the status, written once, only if the object has not changed since it was read.
+the next resync; a denied one, 403: status Failed with reason Forbidden, retried with
+back-off; a transient API error propagates: back-off) → the current ReplicaSet and its
+pods → the status, written once, only if the object has not changed since it was read.
+
+An optional kind (PodMonitor, InferencePool) the API server denies is left alone: the
+reconcile runs again without it and the OptionalResourcesAvailable condition says so.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .builders.common import router_selector_labels, selector_labels
 from .children import (
     Applied,
     Blocked,
+    Key,
     Plan,
     apply_children,
     check_ownership,
@@ -49,8 +54,16 @@ from .kube import (
     PODMONITORS,
     ApiError,
     KubeApi,
+    Resource,
 )
 from .observe import read_pods
+from .optional import (
+    OPTIONAL_RESOURCES,
+    USED,
+    OptionalApis,
+    OptionalForbidden,
+    OptionalState,
+)
 from .parsing import parse_spec
 from .replicas import decide, handover_object
 from .settings import Settings
@@ -75,11 +88,17 @@ def utc_now() -> str:
 
 @dataclass(frozen=True)
 class Context:
-    """What a reconcile needs besides the key: configuration, API access, a clock."""
+    """What a reconcile needs besides the key: configuration, API access, the optional
+    APIs' state, a clock."""
 
     settings: Settings
     api: KubeApi
+    optional: OptionalApis
     clock: Clock = utc_now
+
+    @classmethod
+    def create(cls, settings: Settings, api: KubeApi) -> Context:
+        return cls(settings=settings, api=api, optional=OptionalApis(api, settings))
 
 
 @dataclass(frozen=True)
@@ -138,10 +157,60 @@ async def reconcile(
         failure = Failure(c.REASON_INVALID_SPEC, str(error))
         return await _report(ctx, body, failed_observation(body, deployment, failure=failure), DONE)
 
-    podmonitors = await _podmonitors_wanted(ctx)
-    inferencepools = True if await ctx.api.serves(INFERENCEPOOLS) else None
+    optional = {
+        resource: await ctx.optional.state(resource, namespace) for resource in OPTIONAL_RESOURCES
+    }
+    while True:  # once more per optional kind the API server denies
+        try:
+            return await _converge(ctx, body, isvc, optional)
+        except OptionalForbidden as denied:
+            logger.warning(
+                f"[{namespace}/{name}] {denied.resource.kind} denied; going on without it:"
+                f" {denied.message}"
+            )
+            optional[denied.resource] = ctx.optional.deny(
+                denied.resource, namespace, denied.message
+            )
+
+
+async def _converge(
+    ctx: Context,
+    body: Mapping[str, Any],
+    isvc: InferenceServiceSpec,
+    optional: Mapping[Resource, OptionalState],
+) -> Outcome:
+    """Apply the children and report; a 403 for a required object is a Forbidden status
+    (retried with back-off), one for an optional kind raises OptionalForbidden."""
+    namespace, name = isvc.namespace, isvc.name
+    states = tuple(optional.values())
+    existing: dict[Key, dict[str, Any] | None] = {}
+    try:
+        return await _apply_and_observe(ctx, body, isvc, optional, existing)
+    except ApiError as error:
+        if not error.forbidden:
+            raise
+        deployment = existing.get((DEPLOYMENTS.kind, name))
+        if deployment is not None and not owned_by(deployment, body["metadata"]["uid"]):
+            deployment = None
+        failure = Failure(c.REASON_FORBIDDEN, error.message)
+        observed = failed_observation(body, deployment, failure=failure, optional=states)
+        logger.warning(f"[{namespace}/{name}] Forbidden: {error.message}")
+        return await _report(ctx, body, observed, RETRY)
+
+
+async def _apply_and_observe(
+    ctx: Context,
+    body: Mapping[str, Any],
+    isvc: InferenceServiceSpec,
+    optional: Mapping[Resource, OptionalState],
+    existing: dict[Key, dict[str, Any] | None],
+) -> Outcome:
+    namespace, name = isvc.namespace, isvc.name
+    states = tuple(optional.values())
+    podmonitors = _podmonitors_wanted(ctx, optional[PODMONITORS])
+    inferencepools = True if optional[INFERENCEPOOLS].state == USED else None
     probe = plan(isvc, podmonitors=podmonitors, inferencepools=inferencepools)
-    existing = await read_children(ctx.api, probe, namespace)
+    existing.update(await read_children(ctx.api, probe, namespace))
     uid = body["metadata"]["uid"]
     try:
         check_ownership(probe, existing, body)
@@ -151,9 +220,8 @@ async def reconcile(
         deployment = existing.get((DEPLOYMENTS.kind, name))
         if deployment is not None and not owned_by(deployment, uid):
             deployment = None
-        return await _report(
-            ctx, body, failed_observation(body, deployment, failure=failure), RETRY
-        )
+        observed = failed_observation(body, deployment, failure=failure, optional=states)
+        return await _report(ctx, body, observed, RETRY)
 
     hpa = existing.get((HPAS.kind, name))
     decision = decide(
@@ -203,11 +271,12 @@ async def reconcile(
     try:
         applied = await apply_children(ctx.api, wanted, existing, owner=body)
     except ApiError as error:
-        if error.transient:
+        if error.transient or error.forbidden:
             raise
         failure = Failure(c.REASON_APPLY_FAILED, f"Kubernetes API rejected a child object: {error}")
         deployment = existing.get((DEPLOYMENTS.kind, name))
-        return await _report(ctx, body, failed_observation(body, deployment, failure=failure), DONE)
+        observed = failed_observation(body, deployment, failure=failure, optional=states)
+        return await _report(ctx, body, observed, DONE)
     if decision.release_handover:
         await _hand_over(ctx.api, namespace, name, None)
     await _announce(ctx, body, applied)
@@ -228,6 +297,7 @@ async def reconcile(
         served_model_name=isvc.model.served_name,
         image=isvc.image,
         router=await _observe_router(ctx.api, isvc, applied, to_router),
+        optional=states,
     )
     return await _report(ctx, body, observed, DONE)
 
@@ -256,7 +326,11 @@ async def _observe_router(
 
 
 def failed_observation(
-    body: Mapping[str, Any], deployment: Mapping[str, Any] | None, *, failure: Failure
+    body: Mapping[str, Any],
+    deployment: Mapping[str, Any] | None,
+    *,
+    failure: Failure,
+    optional: tuple[OptionalState, ...] = (),
 ) -> Observed:
     """The status input when the spec was not applied: the last good children keep serving."""
     meta = body["metadata"]
@@ -268,6 +342,7 @@ def failed_observation(
         deployment=deployment,
         served_model_name=previous.get("servedModelName"),
         failure=failure,
+        optional=optional,
     )
 
 
@@ -295,8 +370,9 @@ async def _keeps_pods(
     return bool(template == (current.get("spec") or {}).get("template"))
 
 
-async def _podmonitors_wanted(ctx: Context) -> bool | None:
-    if not await ctx.api.serves(PODMONITORS):
+def _podmonitors_wanted(ctx: Context, state: OptionalState) -> bool | None:
+    """True: create ours; False: delete ours; None: leave the kind alone."""
+    if state.state != USED:
         return None
     return ctx.settings.pod_monitors == "auto"
 

@@ -11,7 +11,8 @@ handlers reads the environment: they get this object from Kopf's `memo`.
 | SLUICE_LOG_FORMAT               | plain                    | plain, full or json                          |
 | SLUICE_VERBOSE                  | false                    | debug logging                                |
 | SLUICE_CLUSTER_DOMAIN           | cluster.local            | used in `status.url`                         |
-| SLUICE_POD_MONITORS             | auto                     | auto: create PodMonitors when the API exists |
+| SLUICE_POD_MONITORS             | auto                     | auto: PodMonitors where served; never; off   |
+| SLUICE_INFERENCE_POOLS          | auto                     | auto: InferencePools where served; off       |
 | SLUICE_PEERING                  | (empty: standalone)      | Kopf peering object name, for HA             |
 | SLUICE_PRIORITY                 | 0                        | this replica's peering priority              |
 | SLUICE_LIVENESS_ENDPOINT        | (empty: off)             | e.g. http://0.0.0.0:8080/healthz             |
@@ -27,6 +28,11 @@ Services without `spec.image` keep the image they were last applied with until t
 changes (`status.image`), so upgrading the operator (a new default image) does not roll
 the whole fleet at once; SLUICE_ROLL_ON_UPGRADE=true moves them to the new default on the
 next reconcile instead.
+
+PodMonitors and InferencePools are optional APIs: `auto` uses one where the API server
+serves it; `never` (PodMonitors) deletes ours and creates none; `off` means the operator
+has no access (the chart sets it when `rbac.podMonitors` / `rbac.inferencePools` is false):
+it neither watches, reads, creates nor deletes that kind (see optional.py).
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from dataclasses import dataclass
 from . import constants
 
 LOG_FORMATS = ("plain", "full", "json")
-POD_MONITOR_MODES = ("auto", "never")
+POD_MONITOR_MODES = ("auto", "never", "off")
+INFERENCE_POOL_MODES = ("auto", "off")
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class Settings:
     verbose: bool = False
     cluster_domain: str = "cluster.local"
     pod_monitors: str = "auto"
+    inference_pools: str = "auto"
     peering: str | None = None
     priority: int = 0
     liveness_endpoint: str | None = None
@@ -71,6 +79,10 @@ class Settings:
         if self.pod_monitors not in POD_MONITOR_MODES:
             raise ValueError(
                 f"pod monitors must be one of {POD_MONITOR_MODES}: {self.pod_monitors!r}"
+            )
+        if self.inference_pools not in INFERENCE_POOL_MODES:
+            raise ValueError(
+                f"inference pools must be one of {INFERENCE_POOL_MODES}: {self.inference_pools!r}"
             )
         if min(self.retry_delay_seconds, self.api_timeout_seconds, self.resync_seconds) <= 0:
             raise ValueError("retry delay, resync period and API timeout must be positive")
@@ -145,7 +157,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-format", choices=LOG_FORMATS, help="log line format")
     parser.add_argument("--verbose", action="store_true", default=None, help="debug logging")
     parser.add_argument("--cluster-domain", help="cluster DNS domain used in status.url")
-    parser.add_argument("--pod-monitors", choices=POD_MONITOR_MODES, help="PodMonitor creation")
+    parser.add_argument(
+        "--pod-monitors", choices=POD_MONITOR_MODES,
+        help="PodMonitors: auto (where served), never (delete ours), off (no access: untouched)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--inference-pools", choices=INFERENCE_POOL_MODES,
+        help="InferencePools: auto (where served), off (no access: untouched)",
+    )  # fmt: skip
     parser.add_argument("--peering", help="Kopf peering name (HA); default: standalone")
     parser.add_argument("--priority", type=int, help="peering priority of this replica")
     parser.add_argument("--liveness-endpoint", help="e.g. http://0.0.0.0:8080/healthz")

@@ -96,8 +96,8 @@ def read_model(r: Reader, spec: Mapping[str, Any]) -> ModelSpec | None:
 
 
 def _model_source(r: Reader, uri: str) -> ModelSource | None:
-    if uri == rc.BUNDLED_MODEL_URI:
-        return ModelSource(uri=uri, scheme="bundled")
+    if uri.startswith("bundled://") and uri.removeprefix("bundled://") in rc.BUNDLED_MODELS:
+        return ModelSource(uri=uri, scheme="bundled", path=uri.removeprefix("bundled://"))
     if match := HF_SOURCE.match(uri):
         return ModelSource(uri=uri, scheme="hf", repo=f"{match['org']}/{match['name']}")
     if match := PVC_SOURCE.match(uri):
@@ -108,6 +108,7 @@ def _model_source(r: Reader, uri: str) -> ModelSource | None:
         )
     r.fail(
         "spec.model.source",
-        f"must be {rc.BUNDLED_MODEL_URI}, hf://ORG/NAME or pvc://CLAIM/PATH, got {uri!r}",
+        f"must be {rc.BUNDLED_MODEL_URI}, {rc.BUNDLED_GEMMA3_URI}, hf://ORG/NAME or "
+        f"pvc://CLAIM/PATH, got {uri!r}",
     )
     return None

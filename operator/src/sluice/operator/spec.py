@@ -29,12 +29,12 @@ class ModelSource:
     scheme: str
     repo: str | None = None  # hf: "org/name"
     claim: str | None = None  # pvc: claim name
-    path: str = ""  # pvc: path inside the claim, "" for its root
+    path: str = ""  # pvc: path inside the claim, "" for its root; bundled: the model's name
 
     @property
     def default_served_name(self) -> str:
         if self.scheme == "bundled":
-            return rc.BUNDLED_SERVED_NAME
+            return rc.BUNDLED_MODELS.get(self.path, rc.BUNDLED_SERVED_NAME)
         if self.scheme == "hf":
             assert self.repo is not None
             return self.repo

@@ -13,6 +13,9 @@ From it:
                the current pod template (minReplicas only while autoscaling; otherwise all
                desired replicas). Scaling up does not make a serving service un-Ready; a
                new template is Ready once enough of its pods are.
+  OptionalResourcesAvailable
+               the optional APIs (PodMonitor, InferencePool): False, reason Forbidden,
+               while the API server denies one (the service is reconciled without it)
   RouterReady  only with spec.router.enabled: all router replicas of the current template
                available and the model Service sending to them. Until then the Service
                selects the runtime pods directly, so Ready does not wait for the router.
@@ -31,6 +34,7 @@ from typing import Any
 from . import constants as c
 from .builders.common import selector_string
 from .builders.service import service_url
+from .optional import OptionalState, optional_condition
 from .pods import worst_problem
 
 
@@ -73,6 +77,7 @@ class Observed:
     image: str | None = None  # the runtime image the children were applied with
     failure: Failure | None = None
     router: RouterObserved | None = None  # None: spec.router is off
+    optional: tuple[OptionalState, ...] = ()  # the optional APIs (none: not looked at)
 
 
 @dataclass(frozen=True)
@@ -324,6 +329,10 @@ def compute_status(
     conditions = [ready, available, progressing, degraded]
     if observed.router is not None and observed.failure is None:
         conditions.append(router_ready_condition(observed.router))
+    if observed.optional:
+        conditions.append(
+            Condition(c.CONDITION_OPTIONAL_RESOURCES, *optional_condition(observed.optional))
+        )
     status: dict[str, Any] = {
         "phase": phase,
         "conditions": _with_times(conditions, previous, now, observed.generation),
@@ -400,8 +409,8 @@ class Event:
 
 def transition_events(previous: Mapping[str, Any], current: Mapping[str, Any]) -> list[Event]:
     """Events for what changed between two statuses: Ready turning True (Normal), Ready
-    turning False for a reason that is not a rollout step, and Degraded turning True or
-    changing its reason (Warning). Unchanged conditions post nothing, so resyncs are quiet."""
+    turning False for a reason that is not a rollout step, Degraded turning True or
+    changing its reason, and an optional API becoming denied (Warning). Unchanged conditions post nothing, so resyncs are quiet."""
     before = {cond.get("type"): cond for cond in previous.get("conditions") or []}
     events: list[Event] = []
     for cond in current.get("conditions") or []:
@@ -414,6 +423,8 @@ def transition_events(previous: Mapping[str, Any], current: Mapping[str, Any]) -
             elif cond["reason"] not in _QUIET_READY_REASONS:
                 events.append(Event("Warning", cond["reason"], cond["message"]))
         elif cond["type"] == c.CONDITION_DEGRADED and cond["status"] == "True":
+            events.append(Event("Warning", cond["reason"], cond["message"]))
+        elif cond["type"] == c.CONDITION_OPTIONAL_RESOURCES and cond["status"] == "False":
             events.append(Event("Warning", cond["reason"], cond["message"]))
     unique: list[Event] = []
     for event in events:

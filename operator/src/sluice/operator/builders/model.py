@@ -1,6 +1,7 @@
 """Model sources → the `--model` argument, volumes, mounts and download init container.
 
-- `bundled://smollm2-135m`: the weights ship in the image; `--model smollm2-135m`.
+- `bundled://smollm2-135m`, `bundled://gemma3-270m`: the weights ship in the image;
+  `--model smollm2-135m` / `--model gemma3-270m`.
 - `hf://org/name`: an init container (same image, which has `huggingface_hub`) downloads
   the snapshot before the runtime starts, with HF_TOKEN from `spec.model.tokenSecretRef`
   and the user's `spec.env` (proxies, HF_ENDPOINT, HF_HUB_ENABLE_HF_TRANSFER). Only the
@@ -66,7 +67,7 @@ def model_mount(isvc: InferenceServiceSpec, resources: dict[str, Any]) -> ModelM
     """`resources` are the CPU/memory requirements the download container shares."""
     source = isvc.model.source
     if source.scheme == "bundled":
-        return ModelMount(model_argument=rc.BUNDLED_MODEL_NAME)
+        return ModelMount(model_argument=source.path or rc.BUNDLED_MODEL_NAME)
     if source.scheme == "pvc":
         mount_path = c.PVC_MODEL_DIR
         return ModelMount(

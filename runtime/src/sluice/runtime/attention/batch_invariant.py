@@ -12,16 +12,19 @@ fixed shape and order:
   across splits sequentially, so the trailing splits a prefill query cannot see add exact
   zeros.
 
+A layer's sliding window only narrows the mask (masked keys add exact zeros as before);
+soft-capping acts on the scores; a sink logit joins the max and adds one term to the sum.
+
 It is several times slower than `TorchAttentionBackend`; it is only used in that mode.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, LayerAttention
 from sluice.runtime.model.forward_batch import ForwardBatch
 
 SPLIT = 64
@@ -32,13 +35,28 @@ def round_up(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Request:
     start: int
     num_queries: int
     padded_queries: int
+    prefix: int
     slots: torch.Tensor  # [padded_len] int64, padding at slot 0
-    visible: torch.Tensor  # [padded_queries, padded_len] bool
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # by window
+
+    def visible(self, window: int | None) -> torch.Tensor:
+        """`[padded_queries, padded_len]` bool."""
+        if window not in self.masks:
+            device = self.slots.device
+            query_pos = self.prefix + torch.arange(self.padded_queries, device=device)
+            key_pos = torch.arange(self.slots.numel(), device=device)
+            visible = key_pos[None, :] <= query_pos[:, None]
+            if window is not None:
+                visible &= key_pos[None, :] > query_pos[:, None] - window
+            visible[self.num_queries :] = False
+            visible[self.num_queries :, 0] = True  # padding rows see one slot: no NaN, dropped
+            self.masks[window] = visible
+        return self.masks[window]
 
 
 class BatchInvariantAttentionBackend(AttentionBackend):
@@ -59,31 +77,37 @@ class BatchInvariantAttentionBackend(AttentionBackend):
             padded_q = round_up(extend, ROW_MULTIPLE)
             slots = torch.zeros(padded_len, dtype=torch.int64, device=device)
             slots[:seq_len] = batch.req_to_token[row, :seq_len]
-            query_pos = prefix + torch.arange(padded_q, device=device)
-            key_pos = torch.arange(padded_len, device=device)
-            visible = key_pos[None, :] <= query_pos[:, None]
-            visible[extend:] = False
-            visible[extend:, 0] = True  # padding rows see one slot: no NaN, output dropped
-            self._requests.append(_Request(start, extend, padded_q, slots, visible))
+            self._requests.append(_Request(start, extend, padded_q, prefix, slots))
             start += extend
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+        options: LayerAttention = FULL_ATTENTION,
     ) -> torch.Tensor:
         num = sum(r.num_queries for r in self._requests)
         batch.kv.write(layer_id, batch.out_cache_loc[:num], k[:num], v[:num])
-        scale = self.scale_for(q.shape[-1])
+        scale = self.scale_for(q.shape[-1], options)
         out = torch.zeros_like(q)  # rows past the requests' tokens (padding) stay zero
         k_cache, v_cache = batch.kv.k[layer_id], batch.kv.v[layer_id]
         for req in self._requests:
             out[req.start : req.start + req.num_queries] = self._attend(
-                q[req.start : req.start + req.num_queries], k_cache, v_cache, req, scale
+                q[req.start : req.start + req.num_queries], k_cache, v_cache, req, scale, options
             )
         return out
 
     @staticmethod
     def _attend(
-        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req: _Request, scale: float
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        req: _Request,
+        scale: float,
+        options: LayerAttention,
     ) -> torch.Tensor:
         n, heads, dim = q.shape
         kv_heads = k_cache.shape[1]
@@ -104,12 +128,19 @@ class BatchInvariantAttentionBackend(AttentionBackend):
         scores = (
             torch.matmul(queries.contiguous(), keys.contiguous()) * scale
         )  # [kvh, splits, rows, S]
-        visible = req.visible.view(req.padded_queries, 1, splits, SPLIT)
+        if options.softcap is not None:
+            scores = torch.tanh(scores / options.softcap) * options.softcap
+        visible = req.visible(options.window).view(req.padded_queries, 1, splits, SPLIT)
         visible = visible.expand(req.padded_queries, group, splits, SPLIT).reshape(
             rows, splits, SPLIT
         )
         scores = scores.masked_fill(~visible.permute(1, 0, 2)[None], float("-inf"))
         peak = scores.amax(dim=(1, 3), keepdim=True)  # max is exact in any order
+        sinks = None
+        if options.sinks is not None:  # [kvh, 1, rows, 1], rows = (query, head in group)
+            sinks = options.sinks.to(scores.dtype).view(kv_heads, 1, 1, group)
+            sinks = sinks.expand(kv_heads, req.padded_queries, 1, group).reshape(kv_heads, 1, rows, 1)
+            peak = torch.maximum(peak, sinks)
         weights = torch.exp(scores - peak)
         split_sums = weights.sum(dim=3)  # [kvh, splits, rows], fixed-size reductions
         partial = torch.matmul(weights, values.contiguous())  # [kvh, splits, rows, dim]
@@ -117,6 +148,8 @@ class BatchInvariantAttentionBackend(AttentionBackend):
         for s in range(1, splits):  # sequential: trailing all-masked splits add exact zeros
             total = total + split_sums[:, s]
             acc = acc + partial[:, s]
+        if sinks is not None:
+            total = total + torch.exp(sinks - peak)[:, 0, :, 0]
         result = acc / total[..., None]  # [kvh, rows, dim]
         result = result.view(kv_heads, req.padded_queries, group, dim).permute(1, 0, 2, 3)
         return result.reshape(req.padded_queries, heads, dim)[:n]

@@ -13,16 +13,23 @@ gather indices); the backend plans a FlashInfer wrapper once per batch, at the f
 layer, and runs it for every layer. Decode batches of a CUDA-graph bucket use a wrapper of
 their own whose metadata buffers are static (`use_cuda_graph=True`), planned before the
 capture and before every replay.
+
+One plan serves every layer, so per-layer options (`LayerAttention`: sliding windows, sink
+logits, soft-capping, a layer's own scale) are refused at load (`unsupported`): FlashInfer's
+`window_left` and `logits_soft_cap` are plan arguments, and wiring them would take a wrapper
+per kind of layer. Such models run on the `triton` or `torch` backend.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, LayerAttention
+from sluice.runtime.memory.staging import Staging
 from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 WORKSPACE_BYTES = 256 * 2**20
@@ -32,11 +39,16 @@ TENSOR_CORE_MIN_GROUP = 4
 
 @dataclass(frozen=True)
 class PagedKVLayout:
-    """FlashInfer's view of a batch's KV pages (int32 tensors on the batch's device)."""
+    """FlashInfer's view of a batch's KV pages (int32 tensors on the batch's device), and
+    the host copies of what its `plan` reads on the host (pinned where CUDA is)."""
 
     indptr: torch.Tensor  # [batch + 1]
     indices: torch.Tensor  # [total pages]
     last_page_len: torch.Tensor  # [batch]
+    indptr_host: torch.Tensor
+    last_page_len_host: torch.Tensor
+    qo_indptr: torch.Tensor | None = None  # [batch + 1], extend only
+    qo_indptr_host: torch.Tensor | None = None
 
 
 def paged_kv_layout(
@@ -44,34 +56,48 @@ def paged_kv_layout(
     req_pool_indices: torch.Tensor,
     seq_lens_cpu: list[int],
     page_size: int,
+    extend_lens_cpu: list[int] | None = None,
 ) -> PagedKVLayout:
-    """The pages holding the first `seq_lens_cpu[i]` tokens of row `req_pool_indices[i]`.
+    """The pages holding the first `seq_lens_cpu[i]` tokens of row `req_pool_indices[i]`
+    (and, given `extend_lens_cpu`, the query offsets of an extend batch).
 
-    Sizes come from the host-side lengths, so building it never waits for the device."""
+    Every size and offset comes from the host-side lengths, staged in one pinned upload,
+    and the page indices are gathered on the device: building it never waits for the
+    device, and FlashInfer's `plan` gets host tensors for what it reads on the host."""
     device = req_to_token.device
     pages = [-(-n // page_size) for n in seq_lens_cpu]
     total = sum(pages)
-    counts = torch.tensor(pages, dtype=torch.int64).to(device, non_blocking=True)
-    indptr = torch.zeros(len(pages) + 1, dtype=torch.int64, device=device)
-    torch.cumsum(counts, 0, out=indptr[1:])
+    stage = Staging()
+    stage.add("counts", pages)
+    stage.add("indptr", [0, *itertools.accumulate(pages)], torch.int32)
+    stage.add("last_page_len", [(n - 1) % page_size + 1 for n in seq_lens_cpu], torch.int32)
+    if extend_lens_cpu is not None:
+        stage.add("qo_indptr", [0, *itertools.accumulate(extend_lens_cpu)], torch.int32)
+    staged = stage.upload(device)
+    indptr = staged["indptr"]
     owner = torch.repeat_interleave(
-        torch.arange(len(pages), device=device), counts, output_size=total
+        torch.arange(len(pages), device=device), staged["counts"], output_size=total
     )
     page_in_req = torch.arange(total, device=device) - indptr[owner]
     rows = req_pool_indices.to(device=device, dtype=torch.int64)[owner]
     first_slots = req_to_token[rows, page_in_req * page_size].to(torch.int64)
-    seq_lens = torch.tensor(seq_lens_cpu, dtype=torch.int64).to(device, non_blocking=True)
+    extend = extend_lens_cpu is not None
     return PagedKVLayout(
-        indptr=indptr.to(torch.int32),
+        indptr=indptr,
         indices=(first_slots // page_size).to(torch.int32),
-        last_page_len=((seq_lens - 1) % page_size + 1).to(torch.int32),
+        last_page_len=staged["last_page_len"],
+        indptr_host=staged.host("indptr"),
+        last_page_len_host=staged.host("last_page_len"),
+        qo_indptr=staged["qo_indptr"] if extend else None,
+        qo_indptr_host=staged.host("qo_indptr") if extend else None,
     )
 
 
 def qo_indptr(extend_lens_cpu: list[int], device: str | torch.device) -> torch.Tensor:
     """Where each request's new tokens start in the flat token dimension, and the end."""
-    ends = torch.tensor([0, *extend_lens_cpu], dtype=torch.int64).cumsum(0)
-    return ends.to(torch.int32).to(device, non_blocking=True)
+    stage = Staging()
+    stage.add("qo_indptr", [0, *itertools.accumulate(extend_lens_cpu)], torch.int32)
+    return stage.upload(device)["qo_indptr"]
 
 
 def paged_view(cache: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -133,22 +159,23 @@ class FlashInferAttentionBackend(AttentionBackend):
     # -- per forward ------------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         tokens = sum(batch.extend_lens_cpu)
-        if torch.cuda.is_current_stream_capturing():
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # capturing a graph bucket: `init_forward_metadata_for_graph` planned it
             wrapper = self._graph_decode[batch.batch_size]
             self._plan = _Plan(ForwardMode.DECODE, batch.batch_size, tokens, wrapper, None,
                                None, planned=True)  # fmt: skip
             return
+        decode = batch.mode == ForwardMode.DECODE
         layout = paged_kv_layout(
-            batch.req_to_token, batch.req_pool_indices, batch.seq_lens_cpu, self.page_size
-        )
-        if batch.mode == ForwardMode.DECODE:
+            batch.req_to_token, batch.req_pool_indices, batch.seq_lens_cpu, self.page_size,
+            None if decode else batch.extend_lens_cpu,
+        )  # fmt: skip
+        if decode:
             self._plan = _Plan(ForwardMode.DECODE, batch.batch_size, tokens, None, layout,
                                None, planned=False)  # fmt: skip
         else:
-            indptr = qo_indptr(batch.extend_lens_cpu, self.device)
             self._plan = _Plan(ForwardMode.EXTEND, batch.batch_size, tokens, self._prefill,
-                               layout, indptr, planned=False)  # fmt: skip
+                               layout, layout.qo_indptr_host, planned=False)  # fmt: skip
         if self._heads is not None:
             self._plan_now(self._plan, self._heads)
 
@@ -165,6 +192,13 @@ class FlashInferAttentionBackend(AttentionBackend):
         plan = _Plan(ForwardMode.DECODE, bs, bs, wrapper, layout, None, planned=False)
         self._plan_now(plan, self._heads)
 
+    def unsupported(self, options: LayerAttention) -> str | None:
+        if options.is_plain and options.scale is None:
+            return None
+        return ("the flashinfer backend plans one kernel for all layers and does not implement "
+                "per-layer sliding windows, sink logits, soft-capping or scales; use "
+                "--attention-backend triton (or torch)")  # fmt: skip
+
     def forward(
         self,
         q: torch.Tensor,
@@ -172,7 +206,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         layer_id: int,
         batch: ForwardBatch,
+        options: LayerAttention = FULL_ATTENTION,
     ) -> torch.Tensor:
+        problem = self.unsupported(options)
+        if problem is not None:
+            raise ValueError(problem)
         plan = self._plan
         if plan is None:
             raise RuntimeError("init_forward_metadata() was not called before forward()")
@@ -205,13 +243,13 @@ class FlashInferAttentionBackend(AttentionBackend):
             if plan.wrapper is None:
                 plan.wrapper = self._decode_wrapper(heads)
             plan.wrapper.plan(
-                layout.indptr, layout.indices, layout.last_page_len, heads.num_heads,
+                layout.indptr_host, layout.indices, layout.last_page_len_host, heads.num_heads,
                 heads.num_kv_heads, heads.head_dim, self.page_size, pos_encoding_mode="NONE",
                 **common,
             )  # fmt: skip
         else:
             plan.wrapper.plan(
-                plan.qo_indptr, layout.indptr, layout.indices, layout.last_page_len,
+                plan.qo_indptr, layout.indptr_host, layout.indices, layout.last_page_len_host,
                 heads.num_heads, heads.num_kv_heads, heads.head_dim, self.page_size,
                 causal=True, **common,
             )  # fmt: skip

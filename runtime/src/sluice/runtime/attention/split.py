@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, LayerAttention
 from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 
@@ -54,14 +54,23 @@ class SplitBatchAttention(AttentionBackend):
         for backend, part, _, _ in self._parts:
             backend.init_forward_metadata(part)
 
+    def unsupported(self, options: LayerAttention) -> str | None:
+        return self.decode.unsupported(options) or self.extend.unsupported(options)
+
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+        options: LayerAttention = FULL_ATTENTION,
     ) -> torch.Tensor:
         if len(self._parts) == 1:
             backend, part, _, _ = self._parts[0]
-            return backend.forward(q, k, v, layer_id, part)
+            return backend.forward(q, k, v, layer_id, part, options)
         outs = [
-            backend.forward(q[lo:hi], k[lo:hi], v[lo:hi], layer_id, part)
+            backend.forward(q[lo:hi], k[lo:hi], v[lo:hi], layer_id, part, options)
             for backend, part, lo, hi in self._parts
         ]
         return torch.cat(outs)

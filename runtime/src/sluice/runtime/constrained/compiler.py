@@ -16,7 +16,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.runtime.constrained.spec import GrammarError, grammar_of, library_reason
+from sluice.runtime.constrained.spec import (
+    GrammarError,
+    grammar_library,
+    grammar_of,
+    library_reason,
+)
 from sluice.runtime.ipc.messages import Constraint
 
 
@@ -53,20 +58,15 @@ class GrammarCompiler:
         stop_token_ids: Sequence[int],
         config: GrammarConfig | None = None,
     ) -> None:
-        import xgrammar as xgr
-
         self.config = config or GrammarConfig()
         self.vocab_size = vocab_size
         self.stop_token_ids = [t for t in dict.fromkeys(stop_token_ids) if t < vocab_size]
-        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_token_ids or None
-        )
-        self._xgr = xgr.GrammarCompiler(
-            self.tokenizer_info, max_threads=self.config.compile_threads, cache_enabled=False
-        )
+        self._tokenizer = tokenizer
+        self._library: tuple[Any, Any] | None = None  # (TokenizerInfo, xgrammar's compiler)
         self._pool = ThreadPoolExecutor(self.config.compile_threads, "grammar-compile")
         self._cache: OrderedDict[Constraint, Future[CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
+        self._library_lock = threading.Lock()
 
     def compile_async(self, constraint: Constraint) -> Future[CompiledGrammar]:
         """A future of the compiled grammar (cached); its exception is a GrammarError."""
@@ -85,11 +85,32 @@ class GrammarCompiler:
         """Blocking `compile_async`; raises GrammarError."""
         return self.compile_async(constraint).result()
 
+    @property
+    def tokenizer_info(self) -> Any:
+        return self._xgrammar("output")[0]
+
+    def _xgrammar(self, kind: str) -> tuple[Any, Any]:
+        """xgrammar's tokenizer info and compiler, built at the first constraint (a server
+        without xgrammar starts, and refuses constrained requests: GrammarUnavailable)."""
+        with self._library_lock:
+            if self._library is None:
+                xgr = grammar_library(kind)
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self.vocab_size,
+                    stop_token_ids=self.stop_token_ids or None,
+                )  # fmt: skip
+                compiler = xgr.GrammarCompiler(
+                    info, max_threads=self.config.compile_threads, cache_enabled=False
+                )
+                self._library = (info, compiler)
+            return self._library
+
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
         start = time.perf_counter()
         grammar = grammar_of(constraint, self.config.json_any_whitespace)
+        xgr_compiler = self._xgrammar(constraint.kind)[1]
         try:
-            compiled = self._xgr.compile_grammar(grammar)
+            compiled = xgr_compiler.compile_grammar(grammar)
         except Exception as exc:
             raise GrammarError(constraint.kind, library_reason(exc)) from exc
         return CompiledGrammar(constraint, compiled, time.perf_counter() - start)

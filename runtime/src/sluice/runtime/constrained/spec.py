@@ -36,6 +36,30 @@ class GrammarError(ValueError):
         self.reason = reason
 
 
+GRAMMAR_PACKAGE = "xgrammar"
+
+
+class GrammarUnavailable(GrammarError):
+    """The grammar library is not installed: the server runs, constrained requests are
+    refused (a 400 naming the package)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(
+            kind,
+            f"constrained decoding needs the Python package '{GRAMMAR_PACKAGE}', which is "
+            f"not installed on this server (pip install {GRAMMAR_PACKAGE})",
+        )
+
+
+def grammar_library(kind: str = "output") -> Any:
+    """The `xgrammar` module; raises GrammarUnavailable when it is not installed."""
+    try:
+        import xgrammar
+    except ImportError as exc:
+        raise GrammarUnavailable(kind) from exc
+    return xgrammar
+
+
 def library_reason(exc: BaseException) -> str:
     """xgrammar's message without its timestamp and source location."""
     text = str(exc).strip()
@@ -81,10 +105,9 @@ def grammar_of(c: Constraint, any_whitespace: bool = False) -> Any:
     `any_whitespace`: JSON may hold any whitespace between tokens (small models tend to
     loop on it); False allows exactly the compact `json.dumps` layout (", " and ": ").
     """
-    import xgrammar as xgr
-
     if c.kind not in CONSTRAINT_KINDS:
         raise GrammarError(c.kind, f"unknown kind; expected one of {', '.join(CONSTRAINT_KINDS)}")
+    xgr = grammar_library(c.kind)
     try:
         if c.kind in (JSON_SCHEMA, JSON_OBJECT):
             schema = _OBJECT_SCHEMA if c.kind == JSON_OBJECT else c.spec

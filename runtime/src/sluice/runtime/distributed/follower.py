@@ -31,4 +31,5 @@ def follow_leader(scheduler: Scheduler, tp: TensorParallelGroup, overlap: bool) 
         if tick.run:
             step()
         scheduler.take_output()  # rank 0 sends them
+        scheduler.take_replies()
         scheduler.take_queue_times()

@@ -13,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Protocol
 
 import torch
 
+from sluice.runtime.engine.blocked_time import BlockedTime
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
 from sluice.runtime.engine.model_worker import LaunchedForward, ModelWorker, SampledForward
 
@@ -43,13 +45,17 @@ class SyncExecutor:
 
     def __init__(self, worker: ModelWorker) -> None:
         self.worker = worker
+        self.blocked = BlockedTime("normal")
 
     def submit(self, fi: ForwardInput) -> Future[ForwardOutput]:
         fut: Future[ForwardOutput] = Future()
+        began = time.perf_counter()
         try:
             fut.set_result(self.worker.run(fi))
         except Exception as err:  # surfaced by .result(), as on the thread
             fut.set_exception(err)
+        self.blocked.waited(time.perf_counter() - began)  # the forward runs on this thread
+        self.blocked.enqueued(0.0)
         return fut
 
     def wait_idle(self) -> None:
@@ -178,7 +184,9 @@ class _StreamResult:
             raise self.error
         if self.sampled is None:
             raise RuntimeError("a forward's result was read before its vocab mask was filled")
+        began = time.perf_counter()
         self.event.synchronize()
+        self.executor.blocked.waited(time.perf_counter() - began)
         return self.executor.worker.collect(self.sampled)
 
 
@@ -218,8 +226,16 @@ class StreamExecutor:
         self.worker = worker
         self.streams = streams if streams is not None else CudaStreams(worker.device)
         self._last: _StreamResult | None = None
+        self.blocked = BlockedTime("overlap")
 
     def submit(self, fi: ForwardInput) -> _StreamResult | _FailedLaunch:
+        began = time.perf_counter()
+        try:
+            return self._submit(fi)
+        finally:
+            self.blocked.enqueued(time.perf_counter() - began)
+
+    def _submit(self, fi: ForwardInput) -> _StreamResult | _FailedLaunch:
         try:
             with self.streams.side():
                 handle = _StreamResult(self, self.worker.launch(fi))

@@ -41,6 +41,7 @@ class RowInput:
     # the logprob of each target (the token at the next position)
     logprob_start: int = 0
     logprob_targets: list[int] = field(default_factory=list)
+    lora: int = 0  # the LoRA adapter's id (0: the base model)
 
 
 @dataclass(frozen=True)

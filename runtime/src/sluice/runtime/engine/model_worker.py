@@ -41,14 +41,28 @@ from sluice.runtime.engine.cuda_graph import (
 )
 from sluice.runtime.engine.engine_faults import EngineUnusable
 from sluice.runtime.engine.fault_injection import FaultPlan
-from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput, RowInput
+from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
+from sluice.runtime.engine.step_inputs import (
+    forward_batch_of,
+    next_positions,
+    stage_step,
+    write_tables,
+)
 from sluice.runtime.ipc.messages import SchedulerReady
+from sluice.runtime.lora.manager import create_lora_manager
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
+from sluice.runtime.memory.staging import Staged
 from sluice.runtime.model import cpu_fused_ops
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.loader import load_model, load_tokenizer
 from sluice.runtime.model.quantization import quantize_model
-from sluice.runtime.sampling.sampler import SampleOutput, TokenHistory, needs_history, sample
+from sluice.runtime.sampling.sampler import (
+    SampleOutput,
+    SamplingTensors,
+    TokenHistory,
+    needs_history,
+    sample,
+)
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.threads import model_worker_threads
 
@@ -132,6 +146,7 @@ class ModelWorker:
             logger.info("quantization %s: %d linear layers", args.quantization, quantized)
         if self.device == "cpu" and (reason := cpu_fused_ops.enable(self.model)) is not None:
             logger.warning("fused CPU ops unavailable (%s); running the torch ops", reason)
+        self.lora = create_lora_manager(args, self.model, self.device, self.dtype, str(model_path))
         self.tokenizer = load_tokenizer(Path(model_path))
         cfg = self.model_config
         eos = set(cfg.eos_token_ids)
@@ -179,6 +194,8 @@ class ModelWorker:
         off = cuda_graph_disabled_reason(
             self.device, backend, args.disable_cuda_graph, args.enable_deterministic_inference
         )
+        if off is None and self.lora is not None:
+            off = "LoRA adapters (--enable-lora: the batch's adapter segments are host-built)"
         if off is None and self.tp.size > 1:
             off = "tensor parallelism (the collectives are not captured)"
         if off is not None:
@@ -227,64 +244,20 @@ class ModelWorker:
         return self.req_to_token[row, :n].tolist()
 
     # ---- one forward --------------------------------------------------------------------
-    def _long(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
-
-    def _write_tables(self, rows: list[RowInput]) -> None:
-        for table, start_of, values_of in (
-            (self.req_to_token, lambda r: r.slot_start, lambda r: r.slots),
-            (self.token_table, lambda r: r.token_start, lambda r: r.tokens),
-        ):
-            index_rows: list[int] = []
-            index_pos: list[int] = []
-            values: list[int] = []
-            for r in rows:
-                vals = values_of(r)
-                if vals:
-                    start = start_of(r)
-                    index_rows += [r.row] * len(vals)
-                    index_pos += range(start, start + len(vals))
-                    values += vals
-            if values:
-                table[self._long(index_rows), self._long(index_pos)] = torch.tensor(
-                    values, dtype=table.dtype
-                ).to(self.device, non_blocking=True)
-
-    def forward_batch(self, fi: ForwardInput) -> ForwardBatch:
-        """Write the rows' new slots and tokens, and describe the forward for the model."""
-        self._write_tables(fi.rows)
-        token_rows: list[int] = []
-        positions: list[int] = []
-        extra: list[int] = []  # token indices whose logits give prompt logprobs
-        for r in fi.rows:
-            if r.logprob_targets:
-                first = len(positions) + r.logprob_start - r.start
-                extra += range(first, first + len(r.logprob_targets))
-            token_rows += [r.row] * r.length
-            positions += range(r.start, r.start + r.length)
-        rows_t, pos_t = self._long(token_rows), self._long(positions)
-        starts = [r.start for r in fi.rows]
-        lens = [r.length for r in fi.rows]
-        seq_lens = [s + n for s, n in zip(starts, lens, strict=True)]
-        fb = ForwardBatch(
-            mode=ForwardMode.DECODE if all(n == 1 for n in lens) else ForwardMode.EXTEND,
-            input_ids=self.token_table[rows_t, pos_t].to(torch.int64),
-            positions=pos_t,
-            out_cache_loc=self.req_to_token[rows_t, pos_t].to(torch.int64),
-            req_pool_indices=self._long([r.row for r in fi.rows]),
-            seq_lens=self._long(seq_lens),
-            prefix_lens=self._long(starts),
-            extend_lens=self._long(lens),
-            seq_lens_cpu=seq_lens,
-            prefix_lens_cpu=starts,
-            extend_lens_cpu=lens,
-            req_to_token=self.req_to_token,
-            kv=self.kv,
-            extra_logit_indices=self._long(extra) if extra else None,
-        )
+    def forward_batch(self, fi: ForwardInput, staged: Staged | None = None) -> ForwardBatch:
+        """Write the rows' new slots and tokens, and describe the forward for the model (its
+        inputs from one staged upload: `engine/step_inputs.py`)."""
+        if staged is None:
+            staged = self._stage(fi)
+        write_tables(staged, self.req_to_token, self.token_table)
+        fb = forward_batch_of(fi, staged, self.req_to_token, self.token_table, self.kv)
         if self.args.enable_deterministic_inference:
             fb = fb.padded(ROW_MULTIPLE)
         return fb
+
+    def _stage(self, fi: ForwardInput) -> Staged:
+        stage = stage_step(fi, self.model_config.vocab_size, with_sampling=self.tp.is_leader)
+        return stage.upload(self.device)
 
     # ---- one forward, in three steps ---------------------------------------------------
     # `launch` (the model), `sample` (needs the vocab mask, which the overlap loop may
@@ -319,39 +292,43 @@ class ModelWorker:
 
     def _launch(self, fi: ForwardInput) -> LaunchedForward:
         began = time.perf_counter()
-        fb = self.forward_batch(fi)
+        staged = self._stage(fi)
+        fb = self.forward_batch(fi, staged)
+        if self.lora is not None:
+            self.lora.prepare([(r.length, r.lora) for r in fi.rows])
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             logits = self.graph_runner.replay(fb)
         else:
             logits = self.model.forward(fb)
-        return LaunchedForward(fi, logits, began)
+        return LaunchedForward(fi, logits, began, staged)
 
     @torch.inference_mode()
     def _sample(self, launched: LaunchedForward, mask: torch.Tensor | None) -> SampledForward:
         fi, logits = launched.fi, launched.logits
         if self.faults is not None:
             self.faults.check(fi)
-        prompt = self._prompt_logprobs(fi, logits[len(fi.rows) :])
+        staged = launched.staged if launched.staged is not None else self._stage(fi)
+        prompt = self._prompt_logprobs(fi, logits[len(fi.rows) :], staged)
         logits = logits[: len(fi.rows)]
         sampled = [r for r in fi.rows if r.sample]
         if not sampled:
             return SampledForward(launched, None, prompt)
         if len(sampled) < len(fi.rows):
-            logits = logits[self._long([i for i, r in enumerate(fi.rows) if r.sample])]
-        next_pos = [r.start + r.length for r in sampled]
-        rows_t = self._long([r.row for r in sampled])
+            logits = logits.index_select(0, staged["sample_index"])
+        rows_t, next_t = staged["sample_rows"], staged["next_pos"]
         if not self.tp.is_leader:  # rank 0 samples; its tokens go into every rank's table
             ids = torch.empty(len(sampled), dtype=torch.int64, device=self.device)
             self.tp.broadcast_tokens(ids)
-            self.token_table[rows_t, self._long(next_pos)] = ids.to(self.token_table.dtype)
+            self.token_table[rows_t, next_t] = ids.to(self.token_table.dtype)
             return SampledForward(launched, SampleOutput(ids, None), prompt)  # no logprobs: rank 0's
         history = None
         if needs_history(fi.sampling):
-            width = max(next_pos)
-            history = TokenHistory(self.token_table[rows_t, :width], self._long(next_pos))
-        out = sample(logits, fi.sampling, history, mask)
+            width = max(next_positions(fi))
+            history = TokenHistory(self.token_table[rows_t, :width], next_t)
+        tensors = SamplingTensors.of(staged, fi.sampling, self.model_config.vocab_size)
+        out = sample(logits, fi.sampling, history, mask, tensors)
         self.tp.broadcast_tokens(out.token_ids)
-        self.token_table[rows_t, self._long(next_pos)] = out.token_ids.to(self.token_table.dtype)
+        self.token_table[rows_t, next_t] = out.token_ids.to(self.token_table.dtype)
         return SampledForward(launched, out, prompt)
 
     def collect(self, sampled: SampledForward) -> ForwardOutput:
@@ -376,13 +353,14 @@ class ModelWorker:
                              prompt_logprobs)  # fmt: skip
 
     def _prompt_logprobs(
-        self, fi: ForwardInput, extra_logits: torch.Tensor
+        self, fi: ForwardInput, extra_logits: torch.Tensor, staged: Staged
     ) -> list[torch.Tensor] | None:
         """Per row, the logprob of each of its `logprob_targets` (None when no row asks)."""
         if not any(r.logprob_targets for r in fi.rows):
             return None
-        targets = self._long([t for r in fi.rows for t in r.logprob_targets])
-        picked = torch.log_softmax(extra_logits[: targets.numel()].float(), dim=-1)
+        targets = staged["logprob_targets"]
+        n = sum(len(r.logprob_targets) for r in fi.rows)
+        picked = torch.log_softmax(extra_logits[:n].float(), dim=-1)
         values = picked.gather(1, targets[:, None])[:, 0]
         out, at = [], 0
         for r in fi.rows:
@@ -396,6 +374,7 @@ class LaunchedForward:
     fi: ForwardInput
     logits: torch.Tensor  # the model's, on the device
     began: float
+    staged: Staged | None = None  # the step's uploaded inputs (sampling reads them too)
 
 
 @dataclass(frozen=True)

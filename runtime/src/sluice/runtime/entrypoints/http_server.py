@@ -41,6 +41,7 @@ from sluice.runtime.entrypoints import tools as TL
 from sluice.runtime.entrypoints.constraints import ConstraintError, request_constraint
 from sluice.runtime.entrypoints.http_guards import ApiKeyMiddleware, BodyLimitMiddleware
 from sluice.runtime.entrypoints.json_body import load_json_body
+from sluice.runtime.entrypoints.lora_api import LoraAdapters
 from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded, TooManyChoices
 from sluice.runtime.entrypoints.streaming import (
     SSE_DONE,
@@ -99,6 +100,7 @@ class _Server:
         # safe to call from several threads), so a long prompt never stalls the event loop
         self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
         self._token_bytes: L.TokenBytes | None = None
+        self.lora = LoraAdapters(tm, args)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` on the tokenizer thread."""
@@ -134,9 +136,14 @@ class _Server:
         return req
 
     def check_model(self, model: str | None) -> str:
-        if model not in (None, self.tm.served_model_name, self.args.model):
+        if model not in (None, self.tm.served_model_name, self.args.model) and self.lora.get(model) is None:
             raise P.model_not_found(model or "")
         return model or self.tm.served_model_name
+
+    def lora_id(self, model: str | None) -> int:
+        """The adapter a (checked) `model` names; 0 for the base model."""
+        adapter = self.lora.get(model) if model not in (None, self.tm.served_model_name) else None
+        return adapter.lora_id if adapter is not None else 0
 
     def encode(
         self, prompt: str | list[int], add_special_tokens: bool = True, param: str = "prompt"
@@ -166,7 +173,7 @@ class _Server:
             raise P.ProtocolError(str(exc), param="n") from exc
         except (Overloaded, EngineDown) as exc:
             raise as_protocol_error(exc) from exc
-        if not self.args.disable_radix_cache:
+        if not self.args.disable_radix_cache and not any(j.params.lora_id for j in jobs):
             shared = {tuple(j.ids) for j in jobs if sum(k.ids == j.ids for k in jobs) > 1}
             await asyncio.gather(*(self.tm.prefill_only(list(ids)) for ids in shared))
         streams = ChoiceStreams([self.tm.generate(j.ids, j.params, j.rid) for j in jobs])
@@ -269,6 +276,8 @@ class _Server:
         ]
         c = constraint[1] if constraint else None
         params = [Q.to_sampling_params(req, len(ids), ctx, c) for ids in prompts]
+        for p in params:
+            p.lora_id = self.lora_id(req.model)
         rid = req.client_rid or f"cmpl-{uuid.uuid4().hex}"
         jobs = _fan_out(prompts, params, [req.n] * len(prompts), rid)
         echoes = [""] * len(jobs)
@@ -356,6 +365,7 @@ class _Server:
         ids = Q.truncate_prompt(await self.off_loop(self.chat_prompt, req),
                                 req.truncate_prompt_tokens, req.truncation_side, ctx)  # fmt: skip
         params = Q.to_sampling_params(req, len(ids), ctx, constraint[1] if constraint else None)
+        params.lora_id = self.lora_id(req.model)
         rid = req.client_rid or f"chatcmpl-{uuid.uuid4().hex}"
         jobs = _fan_out([ids], [params], [req.n], rid)
         last = req.messages[-1]
@@ -417,8 +427,9 @@ class _Server:
         sps = req.sampling_params * len(prompts) if len(req.sampling_params) == 1 else req.sampling_params
         ctx = self.tm.context_len
         param = "text" if req.text is not None else "input_ids"
+        loras = self.generate_loras(req, len(prompts))
         ids_list, params = [], []
-        for prompt, sp in zip(prompts, sps, strict=True):
+        for prompt, sp, lora in zip(prompts, sps, loras, strict=True):
             constraint = self.constraint(sp, "sampling_params.")
             Q.check_capabilities(
                 self.caps, constraint=constraint,
@@ -432,6 +443,7 @@ class _Server:
             ids_list.append(ids)
             params.append(Q.native_sampling_params(
                 req, sp, len(ids), ctx, constraint[1] if constraint else None))  # fmt: skip
+            params[-1].lora_id = lora
         rids = None
         if req.rid is not None:
             rids = req.rid if isinstance(req.rid, list) else [req.rid]
@@ -449,6 +461,27 @@ class _Server:
             text = c.text + Q.kept_stop_text(c.last.finished, k)
             bodies.append(R.generate_body(job.rid, text, c.token_ids, meta(c), c.last))
         return JSONResponse(bodies if batched else bodies[0])
+
+    def generate_loras(self, req: P.GenerateRequest, n: int) -> list[int]:
+        """Per prompt, the adapter id SGLang's `lora_path` (one, or one per prompt; an
+        adapter's name or folder) or `lora_name` names (0: the base model)."""
+        wanted: list[str | None] = [req.lora_name] * n
+        if req.lora_path is not None:
+            paths = req.lora_path if isinstance(req.lora_path, list) else [req.lora_path] * n
+            if len(paths) != n:
+                raise P.ProtocolError(f"lora_path has {len(paths)} entries for {n} prompts",
+                                      param="lora_path")  # fmt: skip
+            wanted = list(paths)
+        ids = []
+        for value in wanted:
+            if not value:
+                ids.append(0)
+                continue
+            adapter = self.lora.by_name_or_path(value)
+            if adapter is None:
+                raise P.model_not_found(value)
+            ids.append(adapter.lora_id)
+        return ids
 
     def generate_meta(self, req: P.GenerateRequest) -> Callable[[Collected], dict[str, Any] | None]:
         def meta(c: Collected) -> dict[str, Any] | None:
@@ -479,7 +512,9 @@ class _Server:
             root=self.args.model,
             max_model_len=self.tm.context_len,
         )
-        return R.ModelList(data=[card]).model_dump()
+        body = R.ModelList(data=[card]).model_dump()
+        body["data"] += self.lora.cards(self.tm.served_model_name)
+        return body
 
     def health(self) -> Response:
         if self.tm.is_ready and not self.tm.draining:
@@ -550,6 +585,8 @@ def build_app(
         ("/v1/chat/completions", server.chat),
         ("/generate", server.generate),
         ("/abort_request", server.abort_request),
+        ("/v1/load_lora_adapter", server.lora.load),
+        ("/v1/unload_lora_adapter", server.lora.unload),
     ):
         app.add_api_route(
             path, handler, methods=["POST"], openapi_extra=openapi_doc.request_body(path)

@@ -496,6 +496,10 @@ class GenerateRequest(_Request):
     return_text_in_logprobs: Bool = False
     rid: str | list[str] | None = None
     priority: Int = 0
+    # SGLang: the LoRA adapter (its name, or the folder it was loaded from), one for all
+    # prompts or one per prompt (null: the base model); or vLLM-style by name
+    lora_path: str | list[str | None] | None = None
+    lora_name: str | None = None
 
     @property
     def is_batch(self) -> bool:

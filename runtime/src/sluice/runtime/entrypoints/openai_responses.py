@@ -205,6 +205,7 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "sluice"
     root: str | None = None
+    parent: str | None = None  # a LoRA adapter's base model (vLLM)
     max_model_len: int | None = None
 
 

@@ -15,6 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from sluice.runtime.entrypoints import openai_protocol as P
+from sluice.runtime.entrypoints.lora_api import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 
 OPENAPI_PATH = "/openapi.json"
 REF = "#/components/schemas/{model}"
@@ -25,6 +26,8 @@ BODY_MODELS: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": P.ChatCompletionRequest,
     "/generate": P.GenerateRequest,
     "/abort_request": P.AbortRequest,
+    "/v1/load_lora_adapter": LoadLoraAdapterRequest,
+    "/v1/unload_lora_adapter": UnloadLoraAdapterRequest,
 }
 
 

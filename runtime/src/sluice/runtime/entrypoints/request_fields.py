@@ -78,8 +78,8 @@ COMMON_REFUSED: dict[str, Refused] = {
     "prompt_embeds": _r("prompt embeddings are not supported"),
     # SGLang
     "stop_regex": _r("stop_regex is not supported"),
-    "lora_path": _r("LoRA adapters are not supported"),
-    "lora_id": _r("LoRA adapters are not supported"),
+    "lora_path": _r("select a LoRA adapter with `model` (its name; /generate takes lora_path)"),
+    "lora_id": _r("select a LoRA adapter with `model` (its name)"),
     "session_params": _r("SGLang sessions are not supported"),
     "custom_logit_processor": _r("custom logits processors are not supported"),
     "custom_params": _r("custom logits processors are not supported"),

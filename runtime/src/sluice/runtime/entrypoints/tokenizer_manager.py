@@ -327,6 +327,10 @@ class TokenizerManager:
                 self.stats = msg
                 for listener in self.listeners:
                     listener.on_stats(msg)
+            else:  # e.g. the answer to a LoRA load (entrypoints/lora_api.py)
+                for listener in self.listeners:
+                    if hasattr(listener, "on_message"):
+                        listener.on_message(msg)
 
     def _dispatch(self, out: BatchStrOut) -> None:
         for u in out.updates:

@@ -73,6 +73,9 @@ class SamplingParams:
     logprob_start_len: int = -1
     priority: int = 0
     spaces_between_special_tokens: bool = True
+    # set by the API from the request's `model` (or /generate's lora_path / lora_name): the
+    # LoRA adapter's id (`LoadLoraReq.lora_id`); 0 is the base model
+    lora_id: int = 0
 
     @property
     def is_greedy(self) -> bool:
@@ -201,6 +204,47 @@ class SchedulerStats:
     integrity_checks_total: int = 0  # pool integrity checks passed (each idle, after a fault)
     # seconds from arrival to first admission, one per request admitted since the last message
     queue_times: list[float] = field(default_factory=list)
+    # LoRA (--enable-lora): --max-loras, adapters loaded, and per adapter name its requests
+    # running and waiting (adapters with none are left out)
+    lora_max: int = 0
+    lora_loaded: int = 0
+    lora_running: dict[str, int] = field(default_factory=dict)
+    lora_waiting: dict[str, int] = field(default_factory=dict)
+
+
+@register
+@dataclass
+class LoadLoraReq:
+    """TokenizerManager -> Scheduler: read and validate an adapter and serve it as
+    `lora_id` (a fresh id per load, never reused). Answered by a `LoraOpResult`."""
+
+    op_id: str
+    lora_id: int
+    name: str
+    path: str
+
+
+@register
+@dataclass
+class UnloadLoraReq:
+    """TokenizerManager -> Scheduler: stop serving `lora_id`; refused (409) while requests
+    using it are live. Answered by a `LoraOpResult`."""
+
+    op_id: str
+    lora_id: int
+
+
+@register
+@dataclass
+class LoraOpResult:
+    """Scheduler -> (Detokenizer, passed through) -> TokenizerManager: how a LoRA load or
+    unload went; `status` is the HTTP code the API answers with."""
+
+    op_id: str
+    ok: bool
+    status: int = 200
+    message: str = ""
+    load_seconds: float = 0.0
 
 
 @register

@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 
 from sluice.runtime.ipc.messages import SchedulerStats
+from sluice.runtime.metrics.lora import LoraMirror
 from sluice.runtime.metrics.requests import RequestMetrics
 from sluice.runtime.metrics.scheduler_mirror import SCHEDULER_METRICS, SchedulerMirror
 from sluice.runtime.metrics.vllm_compat import COMPAT_FAMILIES, VllmCompatMirror
@@ -44,6 +45,7 @@ class MetricsCollector:
         initial_stats: SchedulerStats | None = None,
         compat: str = "none",
         page_size: int = 1,
+        lora: bool = False,
     ) -> None:
         if compat not in COMPAT_FAMILIES:
             raise ValueError(f"unknown metrics compat family {compat!r}")
@@ -56,6 +58,9 @@ class MetricsCollector:
         if compat == "vllm":
             self.registry.register(VllmCompatMirror(self.scheduler, page_size))
         self.requests = RequestMetrics(model, self.registry)
+        self.lora = LoraMirror(self.scheduler, self.registry) if lora else None
+        if self.lora is not None:
+            self.registry.register(self.lora)
 
     def attach(self, tm: Any) -> None:
         """Start listening to a TokenizerManager, from its latest scheduler stats on."""
@@ -69,6 +74,13 @@ class MetricsCollector:
             self.requests.on_queue_times(stats.queue_times)
         except Exception:
             logger.exception("metrics: cannot record scheduler stats")
+
+    def on_message(self, msg: object) -> None:
+        if self.lora is not None:
+            try:
+                self.lora.on_message(msg)
+            except Exception:
+                logger.exception("metrics: cannot record a LoRA load")
 
     def on_chunk(self, rid: str, chunk: Any, state: Any) -> None:
         try:

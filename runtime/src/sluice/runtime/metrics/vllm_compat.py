@@ -14,7 +14,7 @@ server for these, and its reference EPP reads vLLM's names by default (its flags
 | KVCacheUtilization   | gauge   | `vllm:kv_cache_usage_perc` (0..1)| `sluice_kv_token_usage`   |
 | (older EPPs, <= v0.5)| gauge   | `vllm:gpu_cache_usage_perc`      | `sluice_kv_token_usage`   |
 | BlockSize, NumGPUBlocks (optional) | labels | `vllm:cache_config_info{block_size, num_gpu_blocks}` | page size, pool pages |
-| LoRA adapters        | labels  | `vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}` | no adapters: `max_lora="0"`, both lists empty |
+| LoRA adapters        | labels  | `vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}` | `--max-loras` (0 without `--enable-lora`), the adapters with running / waiting requests, comma-separated |
 
 Like vLLM, every series carries a `model_name` label. The values are the same
 `SchedulerStats` the `sluice_*` gauges show, read at scrape time; nothing is renamed or
@@ -68,10 +68,13 @@ class VllmCompatMirror(Collector):
         config.add_metric([*model, str(self.page_size), str(blocks)], 1.0)
         yield config
         lora = GaugeMetricFamily(
-            VLLM_LORA_REQUESTS_INFO, "LoRA adapters (none: this server serves no adapters).",
+            VLLM_LORA_REQUESTS_INFO, "Running and waiting LoRA adapters (the labels); the value "
+            "is when the stats were read (seconds since the epoch), as vLLM's.",
             labels=[VLLM_LABEL_MODEL, "max_lora", "running_lora_adapters", "waiting_lora_adapters"],
         )  # fmt: skip
-        lora.add_metric([*model, "0", "", ""], self.started)
+        running = ",".join(sorted(stats.lora_running))
+        waiting = ",".join(sorted(stats.lora_waiting))
+        lora.add_metric([*model, str(stats.lora_max), running, waiting], time.time())
         yield lora
 
     def describe(self) -> Iterator[Metric]:

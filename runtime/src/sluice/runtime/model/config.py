@@ -1,7 +1,14 @@
 """`ModelConfig`: the facts about a model the runtime needs, read once from `config.json`.
 
 Both spellings of the RoPE settings are accepted: the older `rope_theta` + `rope_scaling`
-keys and transformers 5's `rope_parameters` dict. `generation_config.json`, when present,
+keys and transformers 5's `rope_parameters` dict, also in its per-layer-type form (Gemma 3:
+one dict for `full_attention` layers, one for `sliding_attention` layers).
+
+Which layers attend through a sliding window is `layer_types` (transformers' list of
+`"full_attention"` / `"sliding_attention"`), derived for older configs that only carry
+`sliding_window` (Mistral: every layer; Qwen2 with `use_sliding_window`: the layers from
+`max_window_layers` on). The windows are honoured by the attention backends, so a windowed
+model serves its whole `max_position_embeddings`. `generation_config.json`, when present,
 adds its end-of-sequence ids (Llama 3 Instruct lists its `<|eot_id|>` only there).
 
 What only some architectures have (per-head q/k norms, experts) is read by the
@@ -14,23 +21,32 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 QWEN_WINDOW_FLAG = ("qwen2", "qwen3", "qwen3_moe")  # a window only with use_sliding_window
+SLIDING = "sliding_attention"
+FULL = "full_attention"
 
 
 @dataclass(frozen=True)
 class RopeScaling:
     """How rotary frequencies are stretched for long contexts (HF's `rope_type`)."""
 
-    rope_type: str = "default"  # "default" | "linear" | "llama3"
+    rope_type: str = "default"  # "default" | "linear" | "llama3" | "yarn"
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
-    original_max_position_embeddings: int = 8192  # llama3 only
+    original_max_position_embeddings: int = 8192  # llama3 and yarn
+    beta_fast: float = 32.0  # yarn only, from here on
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None  # cos/sin multiplier; None: from factor (and mscale)
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
 
 @dataclass(frozen=True)
@@ -71,9 +87,15 @@ class ModelConfig:
     bos_token_id: int | None = None
     sliding_window: int | None = None  # None: full attention in every layer
     torch_dtype: str | None = None  # the checkpoint's own dtype, e.g. "bfloat16"
-    hidden_act: str = "silu"
+    hidden_act: str = "silu"  # the MLP's activation (`hidden_act` or Gemma's `hidden_activation`)
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
     moe: MoEOptions | None = None  # None: a dense MLP in every layer
+    # per layer: "full_attention" or "sliding_attention" (the latter only with sliding_window)
+    layer_types: tuple[str, ...] = ()
+    # the RoPE base of sliding layers where it differs from `rope_theta` (Gemma 3's local base)
+    rope_local_theta: float | None = None
+    # the whole (text) config.json, for the settings only one family reads (Gemma's soft-caps)
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_kv_groups(self) -> int:
@@ -90,14 +112,15 @@ class ModelConfig:
 
     @property
     def context_length(self) -> int:
-        """Longest sequence this runtime serves exactly.
-
-        Attention here is always full; a model trained with a sliding window is exact
-        only up to the window, so the window caps the context.
-        """
-        if self.sliding_window:
-            return min(self.max_position_embeddings, self.sliding_window)
+        """Longest sequence this runtime serves exactly: sliding windows are honoured per
+        layer by the attention backends, so it is the model's whole position range."""
         return self.max_position_embeddings
+
+    def window_for(self, layer_id: int) -> int | None:
+        """The sliding window of layer `layer_id`, None for a full-attention layer."""
+        if self.sliding_window and self.layer_types and self.layer_types[layer_id] == SLIDING:
+            return self.sliding_window
+        return None
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelConfig:
@@ -120,6 +143,7 @@ class ModelConfig:
         """Build from the parsed `config.json` (and `generation_config.json`) dicts."""
         raw = _text_config(raw)
         model_type = raw.get("model_type", "")
+        hidden_act = str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu")
         num_heads = int(raw["num_attention_heads"])
         hidden_size = int(raw["hidden_size"])
         head_dim = raw.get("head_dim") or hidden_size // num_heads
@@ -128,7 +152,9 @@ class ModelConfig:
             raise ValueError(
                 f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}"
             )
-        rope_theta, rope_scaling = _parse_rope(raw)
+        rope_theta, rope_scaling, rope_local_theta = _parse_rope(raw)
+        num_layers = int(raw["num_hidden_layers"])
+        sliding_window = _sliding_window(raw)
         attention_bias = bool(raw.get("attention_bias", False))
         is_qwen2 = model_type == "qwen2"
         eos_ids = _as_ids(raw.get("eos_token_id"))
@@ -138,7 +164,7 @@ class ModelConfig:
             architectures=tuple(raw.get("architectures") or ()),
             model_type=model_type,
             hidden_size=hidden_size,
-            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=num_kv_heads,
             head_dim=int(head_dim),
@@ -154,9 +180,12 @@ class ModelConfig:
             mlp_bias=bool(raw.get("mlp_bias", False)),
             eos_token_ids=tuple(dict.fromkeys(eos_ids)),  # de-duplicated, order kept
             bos_token_id=raw.get("bos_token_id"),
-            sliding_window=_sliding_window(raw),
+            sliding_window=sliding_window,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
-            hidden_act=str(raw.get("hidden_act", "silu")),
+            hidden_act=hidden_act,
+            layer_types=_layer_types(raw, num_layers, sliding_window),
+            rope_local_theta=rope_local_theta,
+            raw=raw,
         )
         from sluice.runtime.model.registry import find_architecture  # it imports this module
 
@@ -182,8 +211,19 @@ def _as_ids(value: Any) -> list[int]:
     return [int(v) for v in value]
 
 
-def _parse_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling]:
+def _parse_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling, float | None]:
+    """`rope_theta`, the scaling of full-attention layers, and the base of sliding layers
+    when the config gives them their own (None: the same base)."""
     params = dict(raw.get("rope_parameters") or {})
+    local_theta = None
+    if isinstance(params.get(FULL), dict) or isinstance(params.get(SLIDING), dict):
+        local = params.get(SLIDING) or {}
+        if local.get("rope_type", "default") != "default":
+            raise ValueError("scaled RoPE on sliding-window layers is not supported")
+        local_theta = float(local["rope_theta"]) if "rope_theta" in local else None
+        params = dict(params.get(FULL) or {})
+    elif raw.get("rope_local_base_freq") is not None:  # Gemma 3 configs of transformers 4
+        local_theta = float(raw["rope_local_base_freq"])
     legacy = raw.get("rope_scaling") or {}
     merged = {**legacy, **params}
     theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
@@ -206,8 +246,33 @@ def _parse_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling]:
             or merged.get("original_max_position_embeddings")
             or max_pos
         ),
+        beta_fast=float(merged.get("beta_fast") or 32.0),
+        beta_slow=float(merged.get("beta_slow") or 1.0),
+        truncate=bool(merged.get("truncate", True)),
+        attention_factor=_optional_float(merged.get("attention_factor")),
+        mscale=_optional_float(merged.get("mscale")),
+        mscale_all_dim=_optional_float(merged.get("mscale_all_dim")),
     )
-    return float(theta), scaling
+    return float(theta), scaling, local_theta
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _layer_types(raw: dict[str, Any], num_layers: int, window: int | None) -> tuple[str, ...]:
+    """Each layer's attention kind; every layer full when the model has no window."""
+    if not window:
+        return (FULL,) * num_layers
+    given = raw.get("layer_types")
+    if given:
+        if len(given) != num_layers or any(t not in (FULL, SLIDING) for t in given):
+            raise ValueError(f"layer_types must list {FULL!r}/{SLIDING!r} for all {num_layers} layers")
+        return tuple(given)
+    if raw.get("model_type") == "qwen2":  # the layers from max_window_layers on slide
+        first = int(raw.get("max_window_layers", num_layers))
+        return tuple(SLIDING if i >= first else FULL for i in range(num_layers))
+    return (SLIDING,) * num_layers
 
 
 def _sliding_window(raw: dict[str, Any]) -> int | None:

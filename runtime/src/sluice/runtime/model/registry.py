@@ -44,6 +44,8 @@ ARCHITECTURE_MODULES = (
     "sluice.runtime.model.llama",
     "sluice.runtime.model.qwen3",
     "sluice.runtime.model.moe_models",
+    "sluice.runtime.model.gemma",
+    "sluice.runtime.model.gpt_oss",
 )
 _NUMBER = r"(?P<{}>\d+)"
 

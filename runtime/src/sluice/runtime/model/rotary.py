@@ -16,7 +16,10 @@ from sluice.runtime.model.config import RopeScaling
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
-    """Inverse frequencies `[head_dim // 2]` (fp32) for `default`, `linear` and `llama3` RoPE."""
+    """Inverse frequencies `[head_dim // 2]` (fp32) for `default`, `linear`, `llama3` and
+    `yarn` RoPE."""
+    if scaling.rope_type == "yarn":
+        return _yarn_inv_freq(head_dim, theta, scaling)
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
     inv_freq = 1.0 / (theta**exponents)
     if scaling.rope_type == "linear":
@@ -24,6 +27,44 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Te
     if scaling.rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
     return inv_freq
+
+
+def rope_attention_scaling(scaling: RopeScaling) -> float:
+    """The factor cos and sin are multiplied by (YaRN's attention factor; 1 otherwise)."""
+    if scaling.rope_type != "yarn":
+        return 1.0
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if scaling.mscale and scaling.mscale_all_dim:
+        return mscale(scaling.factor, scaling.mscale) / mscale(scaling.factor, scaling.mscale_all_dim)
+    return mscale(scaling.factor)
+
+
+def _yarn_inv_freq(dim: int, base: float, s: RopeScaling) -> torch.Tensor:
+    """YaRN (gpt-oss): extrapolated high frequencies, interpolated low ones, a linear ramp
+    between the dimensions that turn `beta_fast` and `beta_slow` times over the original
+    context; as transformers' `_compute_yarn_parameters`."""
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (s.factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    return interpolation * (1 - keep) + extrapolation * keep
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
@@ -55,6 +96,7 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_scaling = rope_attention_scaling(scaling)
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -62,6 +104,10 @@ class RotaryEmbedding(nn.Module):
         """cos and sin `[num_tokens, head_dim]` for `positions` `[num_tokens]`."""
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
+        if self.attention_scaling != 1.0:
+            return (emb.cos() * self.attention_scaling).to(dtype), (
+                emb.sin() * self.attention_scaling
+            ).to(dtype)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     @staticmethod

@@ -69,6 +69,7 @@ def forward_input(
                 sample=sample,
                 logprob_start=logprob_start,
                 logprob_targets=targets,
+                lora=req.sampling.lora_id,
             )
         )
         req.table_slots = end

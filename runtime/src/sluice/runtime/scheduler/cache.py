@@ -21,7 +21,7 @@ from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.prefix_cache import NoPrefixCache, PrefixCache
 from sluice.runtime.memory.radix_cache import RadixCache
 from sluice.runtime.memory.request_slots import RequestSlots
-from sluice.runtime.scheduler.request import Req
+from sluice.runtime.scheduler.request import Req, cache_key
 
 # (row, number of positions) -> the KV slots the device's table row holds there
 DeviceRowReader = Callable[[int, int], list[int]]
@@ -76,7 +76,7 @@ class KVCacheManager:
         end = req.seq_len - 1
         if (wanted := req.prompt_logprob_from) is not None:
             end = min(end, wanted - 1)
-        return req.tokens(0, max(end, 0))
+        return cache_key(req, max(end, 0))
 
     def peek(self, req: Req) -> int:
         """Cached prefix length of a request, changing nothing (for admission policies)."""
@@ -146,7 +146,7 @@ class KVCacheManager:
         full = min(computed, req.kv_len) // self.page_size
         if full <= req.shared_pages:
             return
-        tokens = req.tokens(0, full * self.page_size)
+        tokens = cache_key(req, full * self.page_size)
         if self.prefix.prefix_len(tokens) != req.shared_pages * self.page_size:
             return  # someone cached more of it meanwhile; the finish-time insert sorts it out
         inserted = self.prefix.insert(tokens, req.kv_pages[:full])
@@ -163,7 +163,7 @@ class KVCacheManager:
         call on a request holding nothing."""
         if req.kv_len:
             full = req.kv_len // self.page_size
-            cached = self.prefix.insert(req.tokens(0, full * self.page_size), req.kv_pages[:full])
+            cached = self.prefix.insert(cache_key(req, full * self.page_size), req.kv_pages[:full])
             dup_end = max(req.shared_pages, cached.num_tokens // self.page_size)
             # pages the cache already had a copy of, and the partly filled last page; pages
             # [dup_end, full) now belong to the cache

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sluice.runtime.memory.radix_cache import Node, RadixCache
-from sluice.runtime.scheduler.request import Req
+from sluice.runtime.scheduler.request import Req, cache_key
 
 if TYPE_CHECKING:
     from sluice.runtime.scheduler.cache import KVCacheManager
@@ -96,7 +96,7 @@ def _longest_prefix_first(queue: list[Req], config: PolicyConfig, cache: KVCache
     for r in queue:
         if matched[id(r)] >= config.in_batch_check_threshold:
             continue
-        ids = r.fill_ids
+        ids = cache_key(r, r.seq_len)  # the adapter is part of the key
         if scratch.prefix_len(ids) >= config.in_batch_deprioritize_threshold:
             deprioritized.add(id(r))
         else:
@@ -119,7 +119,7 @@ def _dfs_weight(queue: list[Req], radix: RadixCache) -> list[Req]:
     by_node: dict[int, list[Req]] = defaultdict(list)
     nodes: dict[int, Node] = {}
     for r in queue:
-        node = _deepest_node(radix, r.tokens(0, r.seq_len - 1))
+        node = _deepest_node(radix, cache_key(r, r.seq_len - 1))
         by_node[id(node)].append(r)
         nodes[id(node)] = node
     weight: dict[int, int] = defaultdict(int)

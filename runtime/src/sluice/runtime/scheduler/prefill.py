@@ -33,12 +33,15 @@ class AddResult(enum.Enum):
     NO_SLOT = "no_slot"
     NO_TOKEN_BUDGET = "no_token_budget"
     NO_KV = "no_kv"
+    NO_LORA_SLOT = "no_lora_slot"  # its adapter would be one more than --max-loras
 
 
 @dataclass(frozen=True)
 class PrefillBudget:
     tokens: int  # prompt tokens this batch may compute
     running_reserved: float  # KV tokens the decoding requests are expected to still need
+    max_loras: int = 0  # distinct LoRA adapters a batch may hold (0: no limit)
+    running_loras: frozenset[int] = frozenset()  # the decoding requests' adapters (0: base)
 
 
 @dataclass
@@ -107,10 +110,21 @@ class PrefillAdder:
         """New pages `req` needs for the rest of its prompt and its clipped output."""
         return self.cache.pages_needed(req, req.seq_len + req.clipped_remaining_new_tokens)
 
+    def lora_fits(self, req: Req) -> bool:
+        """Its adapter is the base model, already in the batch, or one more still allowed."""
+        lora, limit = req.sampling.lora_id, self.budget.max_loras
+        if not lora or not limit:
+            return True
+        held = {r.sampling.lora_id for r in self.batch.reqs} | self.budget.running_loras
+        held.discard(0)
+        return lora in held or len(held) < limit
+
     def try_add(self, req: Req) -> AddResult:
         """Admit `req` (new, retracted, or the one being chunked) if all three limits allow."""
         if self.chunked is not None:
             return AddResult.NO_TOKEN_BUDGET
+        if not self.lora_fits(req):
+            return AddResult.NO_LORA_SLOT
         fresh = req.row is None
         if fresh and self.cache.free_rows == 0:
             return AddResult.NO_SLOT

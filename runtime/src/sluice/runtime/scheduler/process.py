@@ -102,6 +102,7 @@ def scheduler_config(args: ServerArgs, context_len: int, vocab_size: int = 0) ->
         mixed_chunk=not args.disable_mixed_chunk,
         max_prefill_streak=args.max_prefill_streak,
         vocab_size=vocab_size,
+        max_loras=args.max_loras if args.enable_lora else 0,
     )
 
 
@@ -215,6 +216,8 @@ def serve_forever(
         out = scheduler.take_output()
         if out is not None:
             send(outbox, out)
+        for reply in scheduler.take_replies():
+            send(outbox, reply)
         stats = publisher.poll(scheduler, time.monotonic())
         if stats is not None:
             send(outbox, stats)

@@ -125,3 +125,16 @@ class Req:
                 return
         if n_out >= self.sampling.max_new_tokens:
             self.finish(FinishReason("length"))
+
+
+# a LoRA adapter's K/V differ from the base model's for the same tokens: its radix keys are
+# the token ids offset by (adapter id << 32), so two adapters (or an adapter and the base
+# model) never share a page; ids are never reused, so a reloaded adapter starts cold
+LORA_KEY_SHIFT = 1 << 32
+
+
+def cache_key(req: Req, end: int) -> list[int]:
+    """The prefix cache's key for positions [0, end) of `req`."""
+    tokens = req.tokens(0, end)
+    lora = req.sampling.lora_id
+    return [t + lora * LORA_KEY_SHIFT for t in tokens] if lora else tokens

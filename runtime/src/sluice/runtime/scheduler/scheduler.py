@@ -41,9 +41,12 @@ from sluice.runtime.ipc.messages import (
     AbortReq,
     BatchTokenIDOut,
     FinishReason,
+    LoadLoraReq,
+    LoraOpResult,
     SchedulerStats,
     StopReq,
     TokenizedGenerateReq,
+    UnloadLoraReq,
 )
 from sluice.runtime.scheduler.accounting import Counters, TickResult, TickTiming, token_output
 from sluice.runtime.scheduler.batch import ScheduledBatch, forward_input
@@ -62,6 +65,7 @@ from sluice.runtime.scheduler.faults import (
     roll_back_uncomputed,
 )
 from sluice.runtime.scheduler.grammar import GrammarQueue, PendingMask, accept, pending_mask
+from sluice.runtime.scheduler.lora import lora_op, lora_stats, unknown_adapter
 from sluice.runtime.scheduler.overlap import InFlight, Launched
 from sluice.runtime.scheduler.policy import PolicyConfig
 from sluice.runtime.scheduler.prefill import PrefillBatch, PrefillBudget, PrefillManager
@@ -87,6 +91,7 @@ class SchedulerConfig:
     max_prefill_streak: int = 4
     check_integrity_when_idle: bool = True
     vocab_size: int = 0  # the model's; token ids outside it are refused (0: not checked)
+    max_loras: int = 0  # distinct LoRA adapters in one batch (0: no limit)
 
 
 class Scheduler:
@@ -121,6 +126,7 @@ class Scheduler:
         self._prefill_streak = 0  # prefill-only ticks in a row while requests were decoding
         self._retracted: list[str] = []  # by this tick's schedule
         self._faulted = False  # a batch was lost this tick: verify before the next one
+        self._replies: list[LoraOpResult] = []  # answers to LoRA loads and unloads
 
     @property
     def ratio(self) -> NewTokenRatio:
@@ -151,6 +157,8 @@ class Scheduler:
                 self._refuse(msg, known, reason)
         elif isinstance(msg, AbortReq):
             self.abort(msg.rid)
+        elif isinstance(msg, (LoadLoraReq, UnloadLoraReq)):
+            self._replies.append(lora_op(self, msg))
         elif isinstance(msg, StopReq):
             if (req := self._requests.get(msg.rid)) is not None:
                 self._finish(req, FinishReason("stop", matched_str=msg.matched_str))
@@ -180,6 +188,8 @@ class Scheduler:
             )
         elif (bad := out_of_vocab(req.input_ids + sp.stop_token_ids, vocab)) is not None:
             problem = f"token id {bad} is outside the model's vocabulary [0, {vocab})"
+        elif sp.lora_id:
+            problem = unknown_adapter(self, sp.lora_id)
         if problem:
             req.finish(FinishReason("abort", message=problem))
             logger.info("request rejected rid=%s reason=%s", req.rid, problem)
@@ -284,7 +294,10 @@ class Scheduler:
         return self._batch(decode, prefill)
 
     def _schedule_prefill(self, token_budget: int) -> PrefillBatch | None:
-        budget = PrefillBudget(token_budget, self.decode.reserved_tokens())
+        budget = PrefillBudget(
+            token_budget, self.decode.reserved_tokens(), self.config.max_loras,
+            frozenset(r.sampling.lora_id for r in self.decode.running.values()),
+        )  # fmt: skip
         batch = self.prefill.schedule(budget)
         if batch is None:
             if self.prefill.chunked is not None and not self.decode.runnable and not self.inflight.launched:
@@ -499,7 +512,13 @@ class Scheduler:
             prefill_rows_total=c.prefill_rows,
             failed_batches_total=c.failed_batches,
             integrity_checks_total=c.integrity_checks,
+            **lora_stats(self),
         )
+
+    def take_replies(self) -> list[LoraOpResult]:
+        """Answers to LoRA loads and unloads since the last call."""
+        replies, self._replies = self._replies, []
+        return replies
 
     def take_queue_times(self) -> list[float]:
         """Seconds each request admitted since the last call waited (arrival to its first

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, LayerAttention
 from sluice.runtime.attention.triton.config import TritonAttentionConfig
 from sluice.runtime.attention.triton.decode import decode_attention
 from sluice.runtime.attention.triton.extend import extend_attention
@@ -72,26 +72,28 @@ class TritonAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         layer_id: int,
         batch: ForwardBatch,
+        options: LayerAttention = FULL_ATTENTION,
     ) -> torch.Tensor:
         meta, config = self._meta, self.config
         if meta is None or config is None:
             raise RuntimeError("init_forward_metadata() was not called before forward()")
+        config = config.for_head_dim(q.shape[-1])
         batch.kv.write(layer_id, batch.out_cache_loc, k, v)
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
         k_cache, v_cache = batch.kv.k[layer_id], batch.kv.v[layer_id]
         padded = q.shape[0] > meta.num_req_tokens
         out = torch.zeros_like(q) if padded else torch.empty_like(q)
-        scale = self.scale_for(q.shape[-1])
+        scale = self.scale_for(q.shape[-1], options)
         if meta.mode == ForwardMode.DECODE:
             decode_attention(
                 q, k_cache, v_cache, batch.req_to_token, meta.req_pool_indices, meta.seq_lens,
-                out, scale, config,
+                out, scale, config, options.window, options.sinks, options.softcap,
             )  # fmt: skip
         else:
             assert meta.extend_starts is not None
             extend_attention(
                 q, k, v, k_cache, v_cache, out, batch.req_to_token, meta.req_pool_indices,
                 meta.prefix_lens, meta.extend_lens, meta.extend_starts, meta.max_extend_len,
-                scale, config,
+                scale, config, options.window, options.sinks, options.softcap,
             )  # fmt: skip
         return out

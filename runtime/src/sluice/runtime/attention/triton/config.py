@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -44,6 +45,16 @@ class TritonAttentionConfig:
             return cls()
         return cls(decode_block_n=16, max_kv_splits=4, min_split_len=16,
                    extend_block_m=16, extend_block_n=16, num_warps=1)  # fmt: skip
+
+    def for_head_dim(self, head_dim: int) -> TritonAttentionConfig:
+        """Tiles for `head_dim`: past 128 (Gemma's 256) the GPU tiles are halved and the warps
+        doubled, so a program's fp32 accumulator (BLOCK_M x head_dim) and its q tile stay in
+        registers (64 x 256 fp32 over 4 warps would be 128 registers a thread for the
+        accumulator alone, and spill). Tiles of 32 or less (the interpreter's) are kept."""
+        if head_dim <= 128 or self.extend_block_m <= 32:
+            return self
+        return dataclasses.replace(self, decode_block_n=32, extend_block_m=32, extend_block_n=32,
+                                   num_warps=8)  # fmt: skip
 
     def split_len(self, seq_len: int) -> int:
         """Keys per decode split for a request of `seq_len` tokens (the kernels compute the

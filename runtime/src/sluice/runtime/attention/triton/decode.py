@@ -6,6 +6,10 @@ all the query heads of its GQA group (they ride in the rows of one `tl.dot`), an
 online softmax in fp32. It writes the split's normalised partial output and its
 log-sum-exp. Stage 2, one program per (request, query head), merges the splits.
 
+Per-layer options: a sliding window narrows the keys to the last `window` of the request
+(the splits cover only those), soft-capping maps each score through `cap * tanh(s / cap)`,
+and sink logits join the reduce's softmax (one more term, zero value).
+
 The number of splits of a request is computed on the device from its length (an even
 share of `MAX_SPLITS`, at least `MIN_SPLIT_LEN` tokens, whole tiles), so the launch grid
 depends only on the batch size: the same launches can be captured in a CUDA graph and
@@ -19,6 +23,18 @@ import triton
 import triton.language as tl
 
 from sluice.runtime.attention.triton.config import TritonAttentionConfig, next_power_of_2
+
+
+@triton.jit
+def _soft_cap(scores, softcap):
+    """`softcap * tanh(scores / softcap)`, tanh written with the sigmoid (all backends)."""
+    return softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
+
+
+@triton.jit
+def _window_start(seq_len, window):
+    """The first key position a decode query at `seq_len - 1` sees (`window` 0: none)."""
+    return tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
 
 
 @triton.jit
@@ -38,7 +54,8 @@ def _decode_split_kernel(
     stride_table,
     stride_mt, stride_mh, stride_ms,
     stride_lt, stride_lh,
-    scale,
+    scale, window, softcap,
+    HAS_SOFTCAP: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -53,8 +70,9 @@ def _decode_split_kernel(
 
     seq_len = tl.load(seq_lens_ptr + req).to(tl.int32)
     row = tl.load(req_pool_indices_ptr + req).to(tl.int64)
-    split_len = _split_len(seq_len, MAX_SPLITS, MIN_SPLIT_LEN, BLOCK_N)
-    start = split * split_len
+    lo = _window_start(seq_len, window)
+    split_len = _split_len(seq_len - lo, MAX_SPLITS, MIN_SPLIT_LEN, BLOCK_N)
+    start = lo + split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     if start < end:
@@ -83,6 +101,8 @@ def _decode_split_kernel(
                 other=0.0,
             )
             scores = tl.dot(q, tl.trans(k.to(q.dtype))) * scale  # [BLOCK_H, BLOCK_N], fp32
+            if HAS_SOFTCAP:
+                scores = _soft_cap(scores, softcap)
             scores = tl.where(n_mask[None, :], scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
             alpha = tl.exp(m_i - m_new)
@@ -110,10 +130,12 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_reduce_kernel(
-    mid_out_ptr, mid_lse_ptr, seq_lens_ptr, out_ptr,
+    mid_out_ptr, mid_lse_ptr, seq_lens_ptr, out_ptr, sinks_ptr,
     stride_mt, stride_mh, stride_ms,
     stride_lt, stride_lh,
     stride_ot, stride_oh,
+    window,
+    HAS_SINKS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -123,7 +145,8 @@ def _decode_reduce_kernel(
     req = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + req).to(tl.int32)
-    num_splits = tl.cdiv(seq_len, _split_len(seq_len, MAX_SPLITS, MIN_SPLIT_LEN, BLOCK_N))
+    seen = seq_len - _window_start(seq_len, window)
+    num_splits = tl.cdiv(seen, _split_len(seen, MAX_SPLITS, MIN_SPLIT_LEN, BLOCK_N))
     s_offs = tl.arange(0, MAX_SPLITS)
     s_mask = s_offs < num_splits
     d_offs = tl.arange(0, BLOCK_D)
@@ -131,14 +154,21 @@ def _decode_reduce_kernel(
     lse = tl.load(
         mid_lse_ptr + req * stride_lt + head * stride_lh + s_offs, mask=s_mask, other=float("-inf")
     )
-    weights = tl.exp(lse - tl.max(lse, 0))  # splits past num_splits weigh exactly 0
+    peak = tl.max(lse, 0)
+    if HAS_SINKS:  # the sink's term: exp(sink) over a zero value, in the same frame
+        sink = tl.load(sinks_ptr + head).to(tl.float32)
+        peak = tl.maximum(peak, sink)
+    weights = tl.exp(lse - peak)  # splits past num_splits weigh exactly 0
+    total = tl.sum(weights, 0)
+    if HAS_SINKS:
+        total += tl.exp(sink - peak)
     partial = tl.load(
         mid_out_ptr + req * stride_mt + head * stride_mh + s_offs[:, None] * stride_ms
         + d_offs[None, :],
         mask=s_mask[:, None] & d_mask[None, :],
         other=0.0,
     )  # fmt: skip
-    result = tl.sum(weights[:, None] * partial, 0) / tl.sum(weights, 0)
+    result = tl.sum(weights[:, None] * partial, 0) / total
     tl.store(
         out_ptr + req * stride_ot + head * stride_oh + d_offs,
         result.to(out_ptr.dtype.element_ty),
@@ -156,10 +186,14 @@ def decode_attention(
     out: torch.Tensor,
     scale: float,
     config: TritonAttentionConfig,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Write into `out[:batch]` (`[tokens, heads, head_dim]`) the attention of decode
     query `q[i]` over the first `seq_lens[i]` slots of row `req_pool_indices[i]` of
-    `req_to_token`; `k_cache`/`v_cache` are `[slots, kv_heads, head_dim]`."""
+    `req_to_token` (the last `window` of them with a window); `k_cache`/`v_cache` are
+    `[slots, kv_heads, head_dim]`; `sinks` `[heads]` fp32; `softcap` caps the scores."""
     batch = req_pool_indices.shape[0]
     if batch == 0:
         return
@@ -179,16 +213,19 @@ def decode_attention(
         req_to_token.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
-        scale,
+        scale, window or 0, softcap or 0.0,
+        HAS_SOFTCAP=softcap is not None,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d,
         BLOCK_N=config.decode_block_n, MAX_SPLITS=splits, MIN_SPLIT_LEN=config.min_split_len,
         num_warps=config.num_warps,
     )  # fmt: skip
     _decode_reduce_kernel[(batch, num_heads)](
-        mid_out, mid_lse, seq_lens, out,
+        mid_out, mid_lse, seq_lens, out, sinks if sinks is not None else mid_lse,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
+        window or 0,
+        HAS_SINKS=sinks is not None,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=config.decode_block_n,
         MAX_SPLITS=splits, MIN_SPLIT_LEN=config.min_split_len,
         num_warps=config.num_warps,

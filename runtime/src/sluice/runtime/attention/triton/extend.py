@@ -8,6 +8,11 @@ slots through the request->token table straight from the KV cache (no gather, no
 copied per chunk: a chunked prompt's earlier chunks are simply prefix), then over the new
 tokens' own K/V (contiguous in the forward's `k`/`v`) with the causal mask. fp32 online
 softmax; rows past the request's tokens are computed on zeros and never stored.
+
+Per-layer options: with a sliding window a tile starts reading at its first query's window
+(keys before it are never loaded) and masks each row to its own window; soft-capping maps
+each score through `cap * tanh(s / cap)` before the mask; a sink logit per head joins each
+row's softmax at the end (one more term, zero value).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import triton
 import triton.language as tl
 
 from sluice.runtime.attention.triton.config import TritonAttentionConfig, next_power_of_2
+from sluice.runtime.attention.triton.decode import _soft_cap
 
 
 @triton.jit
@@ -41,7 +47,9 @@ def _extend_kernel(
     stride_cvs, stride_cvh,
     stride_ot, stride_oh,
     stride_table,
-    scale,
+    scale, window, softcap, sinks_ptr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -75,8 +83,14 @@ def _extend_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-        # the cached prefix: every new token sees all of it
-        for n0 in range(0, prefix_len, BLOCK_N):
+        # the window's lower bound per row (absolute positions); -1: no window
+        query_pos = prefix_len + token
+        low = tl.where(window > 0, query_pos - window, -1)  # keys at positions > low
+        tile_first = tl.minimum((tile * BLOCK_M) // GROUP, extend_len - 1)
+        prefix_start = tl.where(window > 0, tl.maximum(prefix_len + tile_first + 1 - window, 0), 0)
+
+        # the cached prefix: every new token sees all of it (with a window, its tail)
+        for n0 in range(prefix_start, prefix_len, BLOCK_N):
             n_offs = n0 + tl.arange(0, BLOCK_N)
             n_mask = n_offs < prefix_len
             slots = tl.load(req_to_token_ptr + row * stride_table + n_offs, mask=n_mask, other=0)
@@ -88,7 +102,10 @@ def _extend_kernel(
                 other=0.0,
             )
             scores = tl.dot(q, tl.trans(k.to(q.dtype))) * scale
-            scores = tl.where(n_mask[None, :], scores, float("-inf"))
+            if HAS_SOFTCAP:
+                scores = _soft_cap(scores, softcap)
+            scores = tl.where(n_mask[None, :] & (n_offs[None, :] > low[:, None]), scores,
+                              float("-inf"))  # fmt: skip
             v = tl.load(
                 v_cache_ptr + slots[:, None] * stride_cvs + kv_head * stride_cvh + d_offs[None, :],
                 mask=kv_mask,
@@ -98,7 +115,8 @@ def _extend_kernel(
 
         # the new tokens: causal, and only up to the tile's last token
         last_token = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // GROUP, extend_len - 1)
-        for n0 in range(0, last_token + 1, BLOCK_N):
+        new_start = tl.where(window > 0, tl.maximum(tile_first + 1 - window, 0), 0)
+        for n0 in range(new_start, last_token + 1, BLOCK_N):
             n_offs = n0 + tl.arange(0, BLOCK_N)
             n_mask = n_offs < extend_len
             kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -109,7 +127,10 @@ def _extend_kernel(
                 other=0.0,
             )  # fmt: skip
             scores = tl.dot(q, tl.trans(k.to(q.dtype))) * scale
+            if HAS_SOFTCAP:
+                scores = _soft_cap(scores, softcap)
             visible = n_mask[None, :] & (n_offs[None, :] <= token[:, None])
+            visible = visible & (prefix_len + n_offs[None, :] > low[:, None])
             scores = tl.where(visible, scores, float("-inf"))
             v = tl.load(
                 v_ptr + (first + n_offs)[:, None] * stride_vt + kv_head * stride_vh
@@ -119,6 +140,12 @@ def _extend_kernel(
             )  # fmt: skip
             m_i, l_i, acc = _online_softmax_step(scores, v.to(q.dtype), m_i, l_i, acc)
 
+        if HAS_SINKS:  # one more softmax term, exp(sink), with a zero value
+            sink = tl.load(sinks_ptr + head, mask=row_mask, other=0.0).to(tl.float32)
+            m_all = tl.maximum(m_i, sink)
+            keep = tl.exp(m_i - m_all)
+            acc = acc * keep[:, None]
+            l_i = l_i * keep + tl.exp(sink - m_all)
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         tl.store(
             out_ptr + (first + token)[:, None] * stride_ot + head[:, None] * stride_oh
@@ -143,10 +170,14 @@ def extend_attention(
     max_extend_len: int,
     scale: float,
     config: TritonAttentionConfig,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Write into `out` the attention of each request's new tokens (`q`, `k`, `v` rows
     `extend_starts[i]` onwards, `extend_lens[i]` of them) over its cached prefix (the first
-    `prefix_lens[i]` slots of its `req_to_token` row) and, causally, over themselves."""
+    `prefix_lens[i]` slots of its `req_to_token` row) and, causally, over themselves; with
+    `window`, `sinks` and `softcap` as the decode kernel takes them."""
     batch = req_pool_indices.shape[0]
     if batch == 0 or max_extend_len == 0:
         return
@@ -165,7 +196,8 @@ def extend_attention(
         v_cache.stride(0), v_cache.stride(1),
         out.stride(0), out.stride(1),
         req_to_token.stride(0),
-        scale,
+        scale, window or 0, softcap or 0.0, sinks if sinks is not None else q,
+        HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)),
         BLOCK_M=block_m, BLOCK_N=config.extend_block_n,
         num_warps=config.num_warps,

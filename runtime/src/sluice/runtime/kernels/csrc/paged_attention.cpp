@@ -13,6 +13,12 @@
 // threads. Units are dealt to threads in contiguous runs of equal total cost, so a skewed
 // batch costs what a uniform one with the same number of tokens costs.
 //
+// Per-layer options (all off by default): a sliding window (query at position p sees keys
+// p - window + 1 .. p; units start at the window's first key, so keys before it are never
+// read), one sink logit per query head (a softmax term with a zero value: the rows of a
+// query block's first key chunk start their online softmax at m = sink, l = 1, so split-KV
+// merges count it once), and logit soft-capping (score -> cap * tanh(score / cap)).
+//
 // Compute is fp32; q/out may be fp32 or bf16, the cache fp32 or bf16. Built by
 // torch.utils.cpp_extension with -O3 -march=native; the loops are written for the
 // compiler's vectoriser (omp simd), no intrinsics, so the same source builds anywhere.
@@ -113,6 +119,9 @@ struct Problem {
   const int32_t* req_to_token;
   int64_t req_to_token_stride;
   int64_t cache_stride;  // elements between consecutive slots
+  int64_t window;        // 0: full attention
+  const float* sinks;    // [num_heads] or nullptr
+  float softcap;         // 0: off
 };
 
 // Scores, softmax and the value sum of one unit. Rows are (query, head in group).
@@ -133,6 +142,7 @@ void run_unit(const Problem& p, const Unit& u, const scalar_t* q, const cache_t*
   std::vector<float> m(R, kNegInf), l(R, 0.0f);
   std::vector<float> scores(static_cast<size_t>(R) * kBlockKeys);
   std::vector<int32_t> limit(R);  // keys visible to a row: positions < limit
+  std::vector<int32_t> low(R, 0);  // and positions >= low (the sliding window)
   alignas(64) float kt[kMaxHeadDim * kBlockKeys];  // keys of a block, transposed [D][keys]
   alignas(64) float vb[kBlockKeys * kMaxHeadDim];  // values of a block [keys][D]
   alignas(64) float kb[kMaxHeadDim];
@@ -145,6 +155,11 @@ void run_unit(const Problem& p, const Unit& u, const scalar_t* q, const cache_t*
       load_row(q + (token * p.num_heads + head) * D, &qf[static_cast<size_t>(r) * D], D);
       for (int d = 0; d < D; ++d) qf[static_cast<size_t>(r) * D + d] *= p.scale;
       limit[r] = static_cast<int32_t>(prefix + u.q_begin + qi + 1);
+      if (p.window > 0) low[r] = static_cast<int32_t>(std::max<int64_t>(0, limit[r] - p.window));
+      if (p.sinks != nullptr && u.chunk == 0) {
+        m[r] = p.sinks[head];  // the sink's term exp(sink - m) = 1, its value zero
+        l[r] = 1.0f;
+      }
     }
   }
   const int64_t head_offset = static_cast<int64_t>(u.kv_head) * D;
@@ -196,15 +211,20 @@ void run_unit(const Problem& p, const Unit& u, const scalar_t* q, const cache_t*
     // online softmax and the value sum, row by row
     for (int r = 0; r < R; ++r) {
       const int visible = std::min(nk, limit[r] - k0);
-      if (visible <= 0) continue;
+      const int first = std::max(0, low[r] - k0);  // keys of the block before the window
+      if (visible <= first) continue;
       float* s = &scores[static_cast<size_t>(r) * kBlockKeys];
+      if (p.softcap > 0.0f) {
+        const float cap = p.softcap, inv = 1.0f / p.softcap;
+        for (int j = first; j < visible; ++j) s[j] = cap * std::tanh(s[j] * inv);
+      }
       float block_max = kNegInf;
-      for (int j = 0; j < visible; ++j) block_max = std::max(block_max, s[j]);
+      for (int j = first; j < visible; ++j) block_max = std::max(block_max, s[j]);
       const float new_max = std::max(m[r], block_max);
       const float alpha = m[r] == kNegInf ? 0.0f : exp_nonpositive(m[r] - new_max);
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-      for (int j = 0; j < visible; ++j) {
+      for (int j = first; j < visible; ++j) {
         const float e = exp_nonpositive(s[j] - new_max);
         s[j] = e;
         sum += e;
@@ -222,7 +242,7 @@ void run_unit(const Problem& p, const Unit& u, const scalar_t* q, const cache_t*
       const int chunks = D / 16;  // head_dim is a multiple of 16 (checked)
       v16 t[kChunks];
       for (int c = 0; c < chunks; ++c) t[c] = load16(a + 16 * c);
-      for (int j = 0; j < visible; ++j) {
+      for (int j = first; j < visible; ++j) {
         const float pj = s[j];
         const float* vj = &vb[j * D];
         for (int c = 0; c < chunks; ++c) t[c] += pj * load16(vj + 16 * c);
@@ -253,6 +273,7 @@ void run_unit_any(const Problem& p, const Unit& u, const scalar_t* q, const cach
   switch (p.head_dim) {
     case 64: return run_unit<scalar_t, cache_t, 64>(p, u, q, k_cache, v_cache, out, part_acc, part_ml);
     case 128: return run_unit<scalar_t, cache_t, 128>(p, u, q, k_cache, v_cache, out, part_acc, part_ml);
+    case 256: return run_unit<scalar_t, cache_t, 256>(p, u, q, k_cache, v_cache, out, part_acc, part_ml);
     default: return run_unit<scalar_t, cache_t, 0>(p, u, q, k_cache, v_cache, out, part_acc, part_ml);
   }
 }
@@ -307,7 +328,8 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& req_to_token,
                            const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
                            const at::Tensor& extend_lens, double scale, int64_t kv_chunk,
-                           int64_t query_block) {
+                           int64_t query_block, int64_t window,
+                           const c10::optional<at::Tensor>& sinks, double softcap) {
   TORCH_CHECK(q_in.dim() == 3, "q must be [tokens, heads, head_dim]");
   TORCH_CHECK(k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(),
               "k_cache and v_cache must be [slots, kv_heads, head_dim]");
@@ -329,6 +351,13 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
               "head_dim must match the cache, be a multiple of 16 and at most 256");
   TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
   const int64_t group = num_heads / num_kv_heads;
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: full attention)");
+  TORCH_CHECK(softcap >= 0.0, "softcap must be >= 0 (0: off)");
+  at::Tensor sink_values;
+  if (sinks.has_value()) {
+    sink_values = sinks->to(at::kFloat).contiguous();
+    TORCH_CHECK(sink_values.numel() == num_heads, "sinks must hold one logit per query head");
+  }
 
   const int64_t* pre = prefix.data_ptr<int64_t>();
   const int64_t* ext = extend.data_ptr<int64_t>();
@@ -348,7 +377,9 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
       for (int64_t qb = 0; qb < ext[i]; qb += query_block) {
         const int64_t qe = std::min(ext[i], qb + query_block);
         const int64_t keys = pre[i] + qe;  // the block's last query sees this many keys
-        const int64_t chunks = (keys + kv_chunk - 1) / kv_chunk;
+        // the block's first query sees from here on (0 without a window)
+        const int64_t k_lo = window > 0 ? std::max<int64_t>(0, pre[i] + qb + 1 - window) : 0;
+        const int64_t chunks = (keys - k_lo + kv_chunk - 1) / kv_chunk;
         const int64_t block_rows = (qe - qb) * group;
         for (int64_t c = 0; c < chunks; ++c) {
           Unit u;
@@ -356,8 +387,8 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
           u.kv_head = static_cast<int32_t>(h);
           u.q_begin = static_cast<int32_t>(qb);
           u.q_end = static_cast<int32_t>(qe);
-          u.k_begin = static_cast<int32_t>(c * kv_chunk);
-          u.k_end = static_cast<int32_t>(std::min(keys, (c + 1) * kv_chunk));
+          u.k_begin = static_cast<int32_t>(k_lo + c * kv_chunk);
+          u.k_end = static_cast<int32_t>(std::min(keys, k_lo + (c + 1) * kv_chunk));
           u.chunk = static_cast<int32_t>(c);
           u.num_chunks = static_cast<int32_t>(chunks);
           u.partial = chunks > 1 ? partial_rows + c * block_rows : -1;
@@ -387,6 +418,9 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
   p.req_to_token = req_to_token.data_ptr<int32_t>();
   p.req_to_token_stride = req_to_token.stride(0);
   p.cache_stride = num_kv_heads * head_dim;
+  p.window = window;
+  p.sinks = sinks.has_value() ? sink_values.data_ptr<float>() : nullptr;
+  p.softcap = static_cast<float>(softcap);
 
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), units.size()));
   const std::vector<int64_t> bounds = balance(units, threads);
@@ -428,7 +462,7 @@ TORCH_LIBRARY(sluice_cpu, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor req_to_token, "
       "Tensor req_pool_indices, Tensor prefix_lens, Tensor extend_lens, float scale, "
-      "int kv_chunk, int query_block) -> Tensor");
+      "int kv_chunk, int query_block, int window=0, Tensor? sinks=None, float softcap=0.0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(sluice_cpu, CPU, m) {

@@ -1,0 +1,243 @@
+"""Gemma 2 and Gemma 3 (text) over a paged KV cache.
+
+What sets them apart from the Llama family, all of it per transformers' `modeling_gemma2`
+and `modeling_gemma3`:
+
+- sliding-window and full-attention layers interleaved (`config.layer_types`: Gemma 2
+  alternates, Gemma 3 has five local layers per global one), each layer's window, scale
+  (`query_pre_attn_scalar ** -0.5`) and attention soft-cap (Gemma 2's
+  `attn_logit_softcapping`) handed to the attention backend as its `LayerAttention`;
+- two RoPE bases on Gemma 3 (`rope_local_base_freq` for the sliding layers, `rope_theta`
+  with its scaling for the global ones);
+- RMSNorm with a `(1 + weight)` gain computed in fp32; per-head RMSNorm of q and k on Gemma 3
+  (QK-norm), before RoPE;
+- four norms per layer: before and after attention, before and after the MLP;
+- the embeddings multiplied by `sqrt(hidden_size)` (rounded to the weights' dtype);
+- GeGLU: `down(gelu_tanh(gate(x)) * up(x))`;
+- the final logits soft-capped (Gemma 2's `final_logit_softcapping`).
+
+The model is `CausalLM` with Gemma's embedding scale, norms, RoPE bases and final soft-cap;
+its weight rules are Llama's plus the two feed-forward norms and the q/k norms. Tensor
+parallelism follows the rules (each rank holds its heads and MLP share); the row-parallel
+outputs are all-reduced before the post-norms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sluice.runtime.attention.base import AttentionBackend, LayerAttention
+from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
+from sluice.runtime.distributed.layers import embed, gather_logits
+from sluice.runtime.model.causal_lm import CausalLM
+from sluice.runtime.model.config import ModelConfig, RopeScaling
+from sluice.runtime.model.forward_batch import ForwardBatch
+from sluice.runtime.model.layers import Linear
+from sluice.runtime.model.llama import attention_rules, common_rules, dense_mlp_rules
+from sluice.runtime.model.registry import Architecture, WeightRule
+from sluice.runtime.model.rotary import RotaryEmbedding
+
+_NORMS = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+)
+
+
+class GemmaRMSNorm(nn.Module):
+    """`x / rms(x) * (1 + weight)` in fp32, rounded once to the input's dtype (Gemma's order)."""
+
+    def __init__(self, dim: int, eps: float, device: torch.device | str, dtype: torch.dtype):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, device=device, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GeGLUMLP(nn.Module):
+    """`down(gelu_tanh(gate(x)) * up(x))` with gate and up fused into one matmul."""
+
+    def __init__(self, hidden: int, intermediate: int, device: torch.device | str, dtype: torch.dtype):
+        super().__init__()
+        self.intermediate_size = intermediate
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, False, device, dtype)
+        self.down_proj = Linear(intermediate, hidden, False, device, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+def attention_options(config: ModelConfig, layer_id: int) -> LayerAttention:
+    """Layer `layer_id`'s window, soft-cap and scale."""
+    raw = config.raw
+    scalar = raw.get("query_pre_attn_scalar") or config.head_dim
+    softcap = raw.get("attn_logit_softcapping")
+    return LayerAttention(
+        window=config.window_for(layer_id),
+        softcap=float(softcap) if softcap else None,
+        scale=float(scalar) ** -0.5,
+    )
+
+
+class GemmaAttention(nn.Module):
+    def __init__(
+        self, config: ModelConfig, layer_id: int, device: torch.device | str, dtype: torch.dtype
+    ):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.qkv_proj = Linear(
+            config.hidden_size, config.q_size + 2 * config.kv_size, config.qkv_bias, device, dtype
+        )
+        self.o_proj = Linear(config.q_size, config.hidden_size, config.o_bias, device, dtype)
+        self.qk_norm = config.qk_norm
+        if self.qk_norm:
+            self.q_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps, device, dtype)
+            self.k_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps, device, dtype)
+        self.options = attention_options(config, layer_id)
+        self.sliding = config.window_for(layer_id) is not None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        out = backend.forward(q, k, v, self.layer_id, batch, self.options)
+        return self.o_proj(out.reshape(n, self.q_size))
+
+
+class GemmaDecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        tp: TensorParallelGroup,
+    ):
+        super().__init__()
+        self.tp = tp
+        eps, hidden = config.rms_norm_eps, config.hidden_size
+        for name in _NORMS:
+            setattr(self, name, GemmaRMSNorm(hidden, eps, device, dtype))
+        self.self_attn = GemmaAttention(config, layer_id, device, dtype)
+        self.mlp = GeGLUMLP(hidden, config.intermediate_size, device, dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        ropes: Mapping[bool, tuple[torch.Tensor, torch.Tensor]],
+        batch: ForwardBatch,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(x), ropes[self.self_attn.sliding], batch, backend)
+        x = x + self.post_attention_layernorm(self.tp.all_reduce(attn))
+        mlp = self.mlp(self.pre_feedforward_layernorm(x))
+        return x + self.post_feedforward_layernorm(self.tp.all_reduce(mlp))
+
+
+class GemmaForCausalLM(CausalLM):
+    """Gemma 2 / Gemma 3 text model: `CausalLM` (its rule-driven loading and sharding) with
+    Gemma's embedding scale, final norm, two RoPE bases and final soft-cap."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        attn_backend: AttentionBackend,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        tp: TensorParallelGroup = SINGLE_RANK,
+        architecture: Architecture | None = None,
+    ) -> None:
+        super().__init__(config, attn_backend, device, dtype, tp, architecture)
+        # HF keeps the multiplier as a tensor cast to the weights' dtype
+        self.embed_scale = float(torch.tensor(config.hidden_size**0.5, dtype=dtype))
+        local_theta = config.rope_local_theta or config.rope_theta
+        self.local_rotary = RotaryEmbedding(config.head_dim, local_theta, RopeScaling(), device)
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        softcap = config.raw.get("final_logit_softcapping")
+        self.final_softcap = float(softcap) if softcap else None
+        self.uses_sliding = any(config.window_for(i) for i in range(config.num_hidden_layers))
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """fp32 logits at each request's last new token (every token with
+        `batch.return_all_logits`; `batch.extra_logit_indices` rows after them)."""
+        self.attn_backend.init_forward_metadata(batch)
+        hidden = embed(batch.input_ids, self.embed_tokens, self.shard.vocab_start, self.tp)
+        hidden = hidden * self.embed_scale
+        ropes = {False: self.rotary.cos_sin(batch.positions, hidden.dtype)}
+        if self.uses_sliding:
+            ropes[True] = self.local_rotary.cos_sin(batch.positions, hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(hidden, ropes, batch, self.attn_backend)
+        if not batch.return_all_logits:
+            wanted = batch.last_token_indices
+            if batch.extra_logit_indices is not None:
+                wanted = torch.cat([wanted, batch.extra_logit_indices])
+            hidden = hidden[wanted]
+        rows = hidden.shape[0]
+        if batch.row_multiple > 1:  # deterministic mode: a batch-invariant row count
+            padded = max(batch.row_multiple, -(-rows // batch.row_multiple) * batch.row_multiple)
+            hidden = torch.cat([hidden, hidden.new_zeros(padded - rows, hidden.shape[1])])
+        logits = gather_logits(self.lm_head(self.norm(hidden)), self.config.vocab_size, self.tp)
+        logits = logits[:rows].float()
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
+
+
+def _read_options(raw: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
+    act = config.hidden_act
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"Gemma's MLP is GeGLU (gelu_pytorch_tanh); hidden_activation={act!r} "
+                         "is not supported")  # fmt: skip
+    return {"qk_norm": str(raw.get("model_type", "")).startswith("gemma3")}
+
+
+GEMMA_RULES = (
+    common_rules()
+    + attention_rules()
+    + dense_mlp_rules()
+    + tuple(
+        WeightRule.literal(f"model.layers.{{layer}}.{n}.weight", f"layers.{{layer}}.{n}.weight")
+        for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm",
+                  "self_attn.q_norm", "self_attn.k_norm")  # the last two: Gemma 3 only
+    )  # fmt: skip
+)
+
+ARCHITECTURES = (
+    Architecture(
+        names=("Gemma3ForCausalLM", "Gemma2ForCausalLM"),
+        model_types=("gemma3_text", "gemma2"),
+        decoder_layer=GemmaDecoderLayer,
+        weight_rules=GEMMA_RULES,
+        model_class=GemmaForCausalLM,
+        read_options=_read_options,
+    ),
+)

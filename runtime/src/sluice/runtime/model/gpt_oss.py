@@ -1,0 +1,242 @@
+"""gpt-oss (`GptOssForCausalLM`) over a paged KV cache, per transformers' `modeling_gpt_oss`.
+
+- Attention with biases on q/k/v/o, a learned sink logit per head in every softmax, and
+  sliding-window layers alternating with full ones (`config.layer_types`): each layer's
+  `LayerAttention` carries its window and its sinks to the attention backend.
+- YaRN RoPE (`model.rotary`: the inverse frequencies and the cos/sin attention factor).
+- A top-k mixture of experts: a router with a bias, softmax over the k chosen logits, and
+  experts with biases whose SwiGLU is clamped (`gate <= limit`, `-limit <= up <= limit`,
+  `(up + 1) * gate * sigmoid(alpha * gate)`), gate and up interleaved in one matrix.
+- MXFP4 expert weights (the released checkpoints' `*_blocks` / `*_scales` pairs: two FP4
+  values a byte, one power-of-two scale per 32) are dequantized at load to the model's dtype.
+
+The experts run here as a loop over the experts a batch routes to (gathered rows, two
+matmuls each); tensor parallelism is refused (expert sharding is not built).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from sluice.runtime.attention.base import AttentionBackend, LayerAttention
+from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
+from sluice.runtime.model.causal_lm import CausalLM
+from sluice.runtime.model.config import ModelConfig
+from sluice.runtime.model.forward_batch import ForwardBatch
+from sluice.runtime.model.layers import Linear
+from sluice.runtime.model.llama import attention_rules, common_rules
+from sluice.runtime.model.registry import Architecture, WeightRule
+from sluice.runtime.model.rotary import RotaryEmbedding
+
+_MXFP4 = re.compile(r"^(.+)_(blocks|scales)$")
+# the FP4 (e2m1) code points, by their 4-bit index
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`[experts, rows, groups, 16]` uint8 blocks (low nibble first) and `[experts, rows,
+    groups]` uint8 exponents (bias 127) -> `[experts, groups * 32, rows]` (the layout of the
+    unquantized checkpoints: input features first)."""
+    if blocks.shape[:-1] != scales.shape:
+        raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} differ")
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    blocks = blocks.to(torch.uint8)
+    values = torch.stack([lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]], dim=-1)
+    values = values.flatten(-2)  # [experts, rows, groups, 32]
+    values = torch.ldexp(values, scales.to(torch.int32)[..., None] - 127)
+    return values.flatten(-2).transpose(1, 2).contiguous().to(dtype)
+
+
+class GptOssRMSNorm(nn.Module):
+    """`weight * (x / rms(x))` in fp32, rounded once to the input's dtype."""
+
+    def __init__(self, dim: int, eps: float, device: torch.device | str, dtype: torch.dtype):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, device=device, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x32).to(x.dtype)
+
+
+class GptOssAttention(nn.Module):
+    def __init__(
+        self, config: ModelConfig, layer_id: int, device: torch.device | str, dtype: torch.dtype
+    ):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        bias = config.qkv_bias
+        self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias, device, dtype)
+        self.o_proj = Linear(config.q_size, config.hidden_size, bias, device, dtype)
+        self.sinks = nn.Parameter(
+            torch.empty(config.num_attention_heads, device=device, dtype=torch.float32),
+            requires_grad=False,
+        )
+        self.window = config.window_for(layer_id)
+
+    @property
+    def options(self) -> LayerAttention:
+        return LayerAttention(window=self.window, sinks=self.sinks, scale=self.head_dim**-0.5)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+        backend: AttentionBackend, options: LayerAttention,
+    ) -> torch.Tensor:  # fmt: skip
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = RotaryEmbedding.apply(q.view(n, self.num_heads, self.head_dim), cos, sin)
+        k = RotaryEmbedding.apply(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        out = backend.forward(q, k, v, self.layer_id, batch, options)
+        return self.o_proj(out.reshape(n, self.q_size))
+
+
+class GptOssExperts(nn.Module):
+    """The router and the clamped-SwiGLU experts of one layer (see the module docstring)."""
+
+    def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype):
+        super().__init__()
+        raw = config.raw
+        experts = int(raw.get("num_local_experts") or raw["num_experts"])
+        self.top_k = int(raw.get("num_experts_per_tok", 4))
+        self.alpha = float(raw.get("swiglu_alpha", 1.702))
+        self.limit = float(raw.get("swiglu_limit", 7.0))
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.router = Linear(hidden, experts, True, device, dtype)
+
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
+
+        self.gate_up_proj = param(experts, hidden, 2 * inter)  # gate, up interleaved by column
+        self.gate_up_proj_bias = param(experts, 2 * inter)
+        self.down_proj = param(experts, inter, hidden)
+        self.down_proj_bias = param(experts, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top_logits, chosen = torch.topk(self.router(x), self.top_k, dim=-1)
+        weights = torch.softmax(top_logits, dim=-1)
+        out = torch.zeros_like(x)
+        for expert in torch.unique(chosen).tolist():
+            tokens, slot = torch.where(chosen == expert)
+            h = x[tokens] @ self.gate_up_proj[expert] + self.gate_up_proj_bias[expert]
+            gate = h[..., ::2].clamp(max=self.limit)
+            up = h[..., 1::2].clamp(-self.limit, self.limit)
+            glu = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+            y = glu @ self.down_proj[expert] + self.down_proj_bias[expert]
+            out.index_add_(0, tokens, (y * weights[tokens, slot, None]).to(x.dtype))
+        return out
+
+
+class GptOssDecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        tp: TensorParallelGroup = SINGLE_RANK,
+    ):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = GptOssRMSNorm(config.hidden_size, eps, device, dtype)
+        self.self_attn = GptOssAttention(config, layer_id, device, dtype)
+        self.post_attention_layernorm = GptOssRMSNorm(config.hidden_size, eps, device, dtype)
+        self.mlp = GptOssExperts(config, device, dtype)
+        self.options = self.self_attn.options
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:  # fmt: skip
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, backend, self.options)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class GptOssForCausalLM(CausalLM):
+    """gpt-oss: `CausalLM` (its rule-driven loading) with gpt-oss's final norm and MXFP4
+    expert weights dequantized as they stream in."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        attn_backend: AttentionBackend,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        tp: TensorParallelGroup = SINGLE_RANK,
+        architecture: Architecture | None = None,
+    ) -> None:
+        if tp.size > 1:
+            raise ValueError("gpt-oss with tensor parallelism is not supported (expert sharding "
+                             "is not built); use --tensor-parallel-size 1")  # fmt: skip
+        super().__init__(config, attn_backend, device, dtype, tp, architecture)
+        self.dtype = dtype
+        self.norm = GptOssRMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
+    ) -> None:
+        """`CausalLM.load_weights`, each MXFP4 `*_blocks` / `*_scales` pair dequantized into
+        the tensor it stands for."""
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        super().load_weights(self._dequantized(items))
+
+    def _dequantized(
+        self, items: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        halves: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in items:
+            packed = _MXFP4.match(name)
+            if packed is None:
+                yield name, tensor
+                continue
+            pair = halves.setdefault(packed.group(1), {})
+            pair[packed.group(2)] = tensor
+            if len(pair) == 2:
+                del halves[packed.group(1)]
+                yield packed.group(1), dequantize_mxfp4(pair["blocks"], pair["scales"], self.dtype)
+        if halves:
+            raise ValueError(f"MXFP4 tensors without their other half: {', '.join(sorted(halves))}")
+
+
+def _read_options(raw: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
+    if config.hidden_act != "silu":
+        raise ValueError(f"gpt-oss experts are SwiGLU (silu), not {config.hidden_act!r}")
+    return {}
+
+
+def _literal(hf: str, target: str) -> WeightRule:
+    return WeightRule.literal(f"model.layers.{{layer}}.{hf}", f"layers.{{layer}}.{target}")
+
+
+GPT_OSS_RULES = (
+    common_rules()
+    + attention_rules()
+    + (
+        _literal("self_attn.sinks", "self_attn.sinks"),
+        _literal("mlp.router.weight", "mlp.router.weight"),
+        _literal("mlp.router.bias", "mlp.router.bias"),
+        *(_literal(f"mlp.experts.{p}", f"mlp.{p}") for p in ("gate_up_proj", "gate_up_proj_bias",
+                                                              "down_proj", "down_proj_bias")),
+    )  # fmt: skip
+)
+
+ARCHITECTURES = (
+    Architecture(
+        names=("GptOssForCausalLM",),
+        model_types=("gpt_oss",),
+        decoder_layer=GptOssDecoderLayer,
+        weight_rules=GPT_OSS_RULES,
+        model_class=GptOssForCausalLM,
+        read_options=_read_options,
+    ),
+)
