@@ -1,26 +1,37 @@
 """The model on the Triton backend (interpreter, CPU, fp32) gives transformers' logits:
-prefill in chunks over a cached prefix, then decode steps, on a page size of 16."""
+prefill in chunks over a cached prefix, then decode steps, on a page size of 16; a Llama
+with GQA group 3, a Qwen3 (q/k norms, head_dim 32) and a Qwen3-MoE (its experts in torch)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from paged_model import PagedSession
-from tiny_model import make_tiny_llama
+from tiny_model import make_tiny_llama, make_tiny_qwen3, make_tiny_qwen3_moe
 
 from sluice.runtime.model.loader import load_model
 
 pytest.importorskip("triton")
 from sluice.runtime.attention.triton.backend import TritonAttentionBackend  # noqa: E402
 
+MAKERS = {
+    # GQA group 3 (6 heads over 2 KV heads)
+    "llama_gqa3": lambda p: make_tiny_llama(p, seed=3, num_attention_heads=6,
+                                            num_key_value_heads=2, hidden_size=48),
+    "qwen3": lambda p: make_tiny_qwen3(p, seed=4, initializer_range=0.08),
+    "qwen3_moe": lambda p: make_tiny_qwen3_moe(p, seed=5, initializer_range=0.08),
+}  # fmt: skip
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory):
+
+# the MoE one runs longest under the interpreter (about 20 s here)
+PARAMS = [pytest.param(n, marks=pytest.mark.slow) if n == "qwen3_moe" else n for n in MAKERS]
+
+
+@pytest.fixture(scope="module", params=PARAMS)
+def models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     from transformers import AutoModelForCausalLM
 
-    # GQA group 3 (6 heads over 2 KV heads)
-    folder = make_tiny_llama(tmp_path_factory.mktemp("gqa3"), seed=3, num_attention_heads=6,
-                             num_key_value_heads=2, hidden_size=48)  # fmt: skip
+    folder = MAKERS[request.param](tmp_path_factory.mktemp(request.param))
     ours, _ = load_model(folder, "cpu", torch.float32, TritonAttentionBackend())
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return ours, hf

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 from paged_model import PagedSession
-from tiny_model import make_tiny_llama, make_tiny_qwen2
+from tiny_model import (
+    make_tiny_llama,
+    make_tiny_mixtral,
+    make_tiny_qwen2,
+    make_tiny_qwen3,
+    make_tiny_qwen3_moe,
+)
 from tp_ranks import run_ranks
 
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
@@ -36,6 +42,10 @@ VARIANTS = {
     "biases": (make_tiny_llama, {"attention_bias": True, "mlp_bias": True}),
     "qwen2_tied": (make_tiny_qwen2, {"tie_word_embeddings": True}),
     "odd_vocab": (make_tiny_llama, {"vocab_size": 515}),
+    # q/k norms replicated; each expert's width split, the router replicated
+    "qwen3": (make_tiny_qwen3, {}),
+    "qwen3_moe": (make_tiny_qwen3_moe, {}),
+    "mixtral": (make_tiny_mixtral, {}),
 }
 
 

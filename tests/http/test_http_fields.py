@@ -17,6 +17,7 @@ ON = {  # a value that asks for the feature, per refused field
     "length_penalty": 0.5,
     "stream_interval": 4,
     "include_reasoning": False,
+    "stream_reasoning": False,
     "return_mm_kwargs": False,
     "bad_words": ["x"],
     "allowed_token_ids": [1],

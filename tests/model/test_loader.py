@@ -135,3 +135,29 @@ def test_a_checkpoint_with_an_unknown_weight_is_rejected(model_pairs: dict[str, 
     weights["model.layers.0.self_attn.q_norm.weight"] = torch.ones(16)
     with pytest.raises(ValueError, match="unexpected weight 'model.layers.0.self_attn.q_norm"):
         type(model)(model.config, model.attn_backend).load_weights(weights)
+
+
+@pytest.mark.parametrize("variant", ["qwen3_moe", "mixtral"])
+def test_moe_checkpoints_sharded_with_an_index_load_every_shard(
+    model_pairs: dict[str, ModelPair], tmp_path: Path, variant: str
+) -> None:
+    import shutil
+
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    pair = model_pairs[variant]
+    hf = AutoModelForCausalLM.from_pretrained(pair.folder, dtype=torch.float32)
+    hf.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="40KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(index.values())) > 2
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(pair.folder / name, tmp_path / name)
+    # Qwen3's instruct models end a turn with <|im_end|> and text with <|endoftext|>
+    GenerationConfig(eos_token_id=[2, 0], pad_token_id=0).save_pretrained(tmp_path)
+
+    sharded, config = load_model(tmp_path, "cpu", torch.float32, attention_backend="torch")
+    ids = prompt(10, seed=0, vocab=pair.config.vocab_size)
+
+    assert set(config.eos_token_ids) == {2, 0}
+    ours = PagedRunner(sharded, page_size=1).extend([(0, ids)])
+    assert torch.equal(ours, PagedRunner(pair.model, page_size=1).extend([(0, ids)]))

@@ -76,3 +76,28 @@ def test_the_layer_equals_transformers_qwen3_moe_block(norm_topk_prob: bool) -> 
         expected = hf(x)[0] if isinstance(hf(x), tuple) else hf(x)
     for impl, got in _outputs(layer, x[0]).items():
         torch.testing.assert_close(got, expected[0], atol=1e-5, rtol=0, msg=impl)
+
+
+@pytest.mark.parametrize("tokens", [1, 37])
+def test_the_triton_kernel_equals_the_loop_under_the_interpreter(tokens: int) -> None:
+    pytest.importorskip("triton")
+    from sluice.runtime.model.triton_moe import BLOCK_M, align_by_expert
+
+    layer = _layer(experts=16, top_k=2, renormalize=True, dtype=torch.float32)
+    x = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(5))
+    layer.impl = "loop"
+    expected = layer(x)
+    layer.impl = "triton"
+    torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=0)
+    # every block of rows is one expert's; the grid depends only on the batch size
+    _, ids = route(layer.gate(x), 2, True)
+    blocks = align_by_expert(ids, 16)
+    assert blocks.sorted_pairs.numel() == -(-(2 * tokens + 16 * (BLOCK_M - 1)) // BLOCK_M) * BLOCK_M
+    flat = ids.reshape(-1)
+    for b, expert in enumerate(blocks.block_experts.tolist()):
+        pairs = blocks.sorted_pairs[b * BLOCK_M : (b + 1) * BLOCK_M]
+        real = pairs[pairs < flat.numel()].long()
+        assert (flat[real] == expert).all() if expert >= 0 else real.numel() == 0
+    assert sorted(blocks.sorted_pairs[blocks.sorted_pairs < flat.numel()].tolist()) == list(
+        range(flat.numel())
+    )

@@ -123,6 +123,11 @@ class ServerArgs:
         "(hermes, qwen25, llama3_json; empty: auto tool choice is refused).",
         ("", "hermes", "qwen25", "llama3_json"),
     )
+    reasoning_parser: str = option(
+        "", "How a reasoning model's thinking is separated from its answer in chat replies "
+        "(qwen3: <think>...</think> into reasoning_content; empty: none, all text is content).",
+        ("", "qwen3"),
+    )
     max_top_logprobs: int = option(20, "Largest top_logprobs / logprobs k a request may ask.")
     api_key: str = option("", f"Require this bearer token on the API (also ${C.ENV_API_KEY}).")
     random_seed: int = option(

@@ -35,6 +35,7 @@ from sluice.runtime.entrypoints import logprobs as L
 from sluice.runtime.entrypoints import openai_protocol as P
 from sluice.runtime.entrypoints import openai_responses as R
 from sluice.runtime.entrypoints import openapi_doc
+from sluice.runtime.entrypoints import reasoning as RS
 from sluice.runtime.entrypoints import request_params as Q
 from sluice.runtime.entrypoints import tools as TL
 from sluice.runtime.entrypoints.constraints import ConstraintError, request_constraint
@@ -372,15 +373,21 @@ class _Server:
         streams = await self.start(jobs)
         top = req.top_logprobs if req.logprobs else None
         tb = lambda: self.token_bytes().with_ids(req.return_tokens_as_token_ids)  # noqa: E731
+        reasoning = bool(self.args.reasoning_parser) and req.separate_reasoning
         if req.stream:
             parsers = [parser.streaming() if parser else None for _ in jobs]
+            splitters = [RS.ReasoningSplitter() if reasoning else None for _ in jobs]
             fmt = ChatEvents(rid, model, req.n, top, tb, parsers, echo, req.keep_stop_string,
-                             req.continuous_usage, req.parallel_tool_calls)  # fmt: skip
+                             req.continuous_usage, req.parallel_tool_calls, splitters)  # fmt: skip
             return SSEResponse(self.events(streams, fmt, req.n, req.include_usage, True, req.n))
         collected = await self.collect(request, streams, req.n)
         choices = []
         for i, c in enumerate(collected):
             text = c.text + Q.kept_stop_text(c.last.finished, req.keep_stop_string)
+            thought = None
+            if reasoning:
+                split = RS.split_reasoning(text)
+                thought, text = split.reasoning, split.content
             content, calls = text, []
             if parser is not None:
                 parsed = parser.parse(text)
@@ -389,6 +396,7 @@ class _Server:
                     calls = calls[:1]
             message = R.ChatResponseMessage(
                 content=(echo + content) if content is not None else (echo or None),
+                reasoning_content=thought,
                 tool_calls=[
                     R.ToolCall(id=t.id, function=R.FunctionCall(name=t.name, arguments=t.arguments))
                     for t in calls

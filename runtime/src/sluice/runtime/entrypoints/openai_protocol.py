@@ -416,6 +416,7 @@ class ChatCompletionRequest(_SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None
     echo: Bool = False
     input_ids: list[TokenId] | None = Field(None, min_length=1)  # SGLang: skip the template
+    separate_reasoning: Bool = True  # SGLang: with --reasoning-parser, reasoning_content apart
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

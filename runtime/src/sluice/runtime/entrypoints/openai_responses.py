@@ -100,6 +100,7 @@ class ToolCall(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # with --reasoning-parser
     tool_calls: list[ToolCall] | None = None
 
     @model_serializer(mode="wrap")
@@ -107,6 +108,8 @@ class ChatResponseMessage(BaseModel):
         out = handler(self)
         if not out.get("tool_calls"):
             out.pop("tool_calls", None)
+        if out.get("reasoning_content") is None:
+            out.pop("reasoning_content", None)
         return out
 
 
@@ -171,6 +174,7 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None  # with --reasoning-parser
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")

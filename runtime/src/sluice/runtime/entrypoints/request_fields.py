@@ -38,8 +38,6 @@ NO_EFFECT: dict[str, str] = {
     "session_id": "a caller-side session label",
     "log_metrics": "metrics are always recorded",
     "no_logs": "request contents are never logged",
-    "separate_reasoning": "no reasoning parser is configured",
-    "stream_reasoning": "no reasoning parser is configured",
 }
 
 COMMON_REFUSED: dict[str, Refused] = {
@@ -69,7 +67,8 @@ COMMON_REFUSED: dict[str, Refused] = {
     "stream_interval": _r("every token is streamed as it is generated", 1),
     "watermarking": _r("watermarking is not supported"),
     "thinking_token_budget": _r("this server has no reasoning models"),
-    "include_reasoning": _r("no reasoning parser is configured", True),
+    "include_reasoning": _r("reasoning is included (--reasoning-parser separates it)", True),
+    "stream_reasoning": _r("reasoning is streamed as it is generated", True),
     "guided_whitespace_pattern": _r("xgrammar does not support a whitespace pattern"),
     "return_prompt_text": _r("return_prompt_text is not supported"),
     "return_token_offsets": _r("return_token_offsets is not supported"),

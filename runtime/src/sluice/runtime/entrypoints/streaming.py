@@ -24,6 +24,7 @@ from sluice.runtime.entrypoints import logprobs as L
 from sluice.runtime.entrypoints import openai_protocol as P
 from sluice.runtime.entrypoints import openai_responses as R
 from sluice.runtime.entrypoints import request_params as Q
+from sluice.runtime.entrypoints.reasoning import ReasoningSplitter
 from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded
 from sluice.runtime.entrypoints.tool_parsers import StreamDelta, StreamingToolParser
 
@@ -200,6 +201,7 @@ class ChatEvents:
     keep_stop: bool = False
     continuous_usage: bool = False
     parallel_tool_calls: bool = True
+    splitters: list[ReasoningSplitter | None] | None = None  # --reasoning-parser, per choice
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     called: set[int] = dataclasses.field(default_factory=set)
 
@@ -220,6 +222,14 @@ class ChatEvents:
         lp = None
         if self.logprobs is not None:
             lp = L.chat_logprobs(self.token_bytes(), positions_of(chunk), self.logprobs)
+        thought = ""
+        splitter = self.splitters[index] if self.splitters else None
+        if splitter is not None:
+            split = splitter.feed(text)
+            thought, text = split.reasoning, split.content
+            if chunk.finished is not None:
+                end = splitter.finish()
+                thought, text = thought + end.reasoning, text + end.content
         content, calls = text, []
         parser = self.parsers[index]
         if parser is not None:
@@ -230,9 +240,11 @@ class ChatEvents:
             content, calls = d.content, delta_tool_calls(d, self.parallel_tool_calls)
             if calls:
                 self.called.add(index)
-        if content or calls or (lp is not None and chunk.token_ids):
-            delta = R.DeltaMessage(content=content or None, tool_calls=calls or None)
-            if not (content or calls):
+        if content or calls or thought or (lp is not None and chunk.token_ids):
+            delta = R.DeltaMessage(
+                content=content or None, reasoning_content=thought or None, tool_calls=calls or None
+            )
+            if not (content or calls or thought):
                 delta = R.DeltaMessage(content="")
             choice = R.ChatStreamChoice(index=index, delta=delta, logprobs=lp)
             events.append(self._event([choice], usage))

@@ -19,6 +19,8 @@ How the experts run (`impl`):
 - `w8a8` (after `quantize_w8a8`): the segments path with each expert's projections as
   `W8A8Linear`s (int8 weights per output row, int8 activations per token, `torch._int_mm`);
   the router stays in the model dtype;
+- `triton` (the default on CUDA with Triton installed): `model.triton_moe`, the pairs sorted
+  and block-padded by expert, each GEMM one launch over all experts, CUDA-graph safe;
 - `loop`: transformers' way, a mask per expert over every token (the reference the tests
   and `benchmarks/moe.py` measure the others against).
 """
@@ -33,7 +35,7 @@ from sluice.runtime.model.config import MoEOptions
 from sluice.runtime.model.layers import Linear
 from sluice.runtime.model.quantization import W8A8Linear
 
-IMPLS = ("grouped", "segments", "w8a8", "loop")
+IMPLS = ("grouped", "segments", "w8a8", "triton", "loop")
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,6 +47,13 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
     return weights, ids
 
 
+def expert_counts(flat_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Pairs per expert; a scatter-add, not `bincount` (which reads the max on the host on
+    CUDA and so cannot be captured in a graph)."""
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat_ids.device)
+    return counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids))
+
+
 class ExpertOrder:
     """The (token, choice) pairs of a batch sorted by expert: `rows[i]` is the token of sorted
     pair i, `weights[i]` its routing weight, `offsets[e]` the end of expert e's pairs."""
@@ -54,7 +63,7 @@ class ExpertOrder:
         order = torch.argsort(flat, stable=True)
         self.rows = order // ids.shape[1]
         self.weights = weights.reshape(-1)[order]
-        self.counts = torch.bincount(flat, minlength=num_experts)
+        self.counts = expert_counts(flat, num_experts)
         self.offsets = torch.cumsum(self.counts, 0).to(torch.int32)
 
     def active(self) -> list[tuple[int, int, int]]:
@@ -83,6 +92,18 @@ def grouped_mm_supports(dtype: torch.dtype, device: torch.device | str) -> bool:
     return True
 
 
+def default_impl(dtype: torch.dtype, device: torch.device | str) -> str:
+    """triton on CUDA (when installed), else grouped where `_grouped_mm` takes the dtype."""
+    if torch.device(device).type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            return "triton"
+    return "grouped" if grouped_mm_supports(dtype, device) else "segments"
+
+
 class MoE(nn.Module):
     """`sum_k weight_k * expert_k(x)` over each token's `top_k` experts."""
 
@@ -107,7 +128,7 @@ class MoE(nn.Module):
         self.w2 = nn.Parameter(
             torch.empty(e, h, w, device=device, dtype=dtype), requires_grad=False
         )
-        self.impl = "grouped" if grouped_mm_supports(dtype, device) else "segments"
+        self.impl = default_impl(dtype, device)
         self.q13: nn.ModuleList | None = None  # per-expert W8A8Linear after quantize_w8a8
         self.q2: nn.ModuleList | None = None
 
@@ -123,6 +144,10 @@ class MoE(nn.Module):
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
         if self.impl == "loop":
             return self._loop(x, weights, ids)
+        if self.impl == "triton":
+            from sluice.runtime.model.triton_moe import fused_experts
+
+            return fused_experts(x, self.w13, self.w2, weights, ids, self._act)
         order = ExpertOrder(weights, ids, self.num_experts)
         rows = x[order.rows]
         if self.impl == "grouped":
