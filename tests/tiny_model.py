@@ -129,3 +129,46 @@ def make_tiny_qwen2(
     tokenizer = make_tokenizer()
     config = Qwen2Config(**_common(tokenizer, vocab_size, config_overrides))
     return _write(Path(path), config, Qwen2ForCausalLM, tokenizer, seed)
+
+
+def make_tiny_qwen3(
+    path: Path, vocab_size: int | None = None, seed: int = 0, **config_overrides: Any
+) -> Path:
+    """A Qwen3ForCausalLM: per-head q/k norms, an explicit head_dim (32, not 64 / 4)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = make_tokenizer()
+    cfg = {"head_dim": 32, **config_overrides}
+    config = Qwen3Config(**_common(tokenizer, vocab_size, cfg))
+    return _write(Path(path), config, Qwen3ForCausalLM, tokenizer, seed)
+
+
+def make_tiny_qwen3_moe(
+    path: Path, vocab_size: int | None = None, seed: int = 0, **config_overrides: Any
+) -> Path:
+    """A Qwen3MoeForCausalLM: 3 layers, the middle one dense (`mlp_only_layers`), the others
+    8 experts of width 32, top-2 routing without renormalisation (`norm_topk_prob=False`)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tokenizer = make_tokenizer()
+    cfg = dict(
+        num_hidden_layers=3, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, mlp_only_layers=[1], decoder_sparse_step=1,
+        norm_topk_prob=False,
+    )  # fmt: skip
+    cfg.update(config_overrides)
+    config = Qwen3MoeConfig(**_common(tokenizer, vocab_size, cfg))
+    return _write(Path(path), config, Qwen3MoeForCausalLM, tokenizer, seed)
+
+
+def make_tiny_mixtral(
+    path: Path, vocab_size: int | None = None, seed: int = 0, **config_overrides: Any
+) -> Path:
+    """A MixtralForCausalLM: 4 experts of width 64 in every layer, top-2 routing."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    tokenizer = make_tokenizer()
+    cfg = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, sliding_window=None)
+    cfg.update(config_overrides)
+    config = MixtralConfig(**_common(tokenizer, vocab_size, cfg))
+    return _write(Path(path), config, MixtralForCausalLM, tokenizer, seed)

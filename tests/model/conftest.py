@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_harness import VARIANTS, ModelPair, perturb_and_resave
+from model_harness import MOE_VARIANTS, VARIANTS, ModelPair, perturb_and_resave
 
 from sluice.runtime.model.loader import load_model
 
@@ -14,7 +14,7 @@ def model_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelPair
     from transformers import AutoModelForCausalLM
 
     pairs = {}
-    for name, make in VARIANTS.items():
+    for name, make in {**VARIANTS, **MOE_VARIANTS}.items():
         folder = make(tmp_path_factory.mktemp(name))
         perturb_and_resave(folder, seed=len(pairs))
         model, config = load_model(folder, "cpu", torch.float32, attention_backend="torch")
@@ -23,6 +23,6 @@ def model_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelPair
     return pairs
 
 
-@pytest.fixture(params=list(VARIANTS))
+@pytest.fixture(params=[*VARIANTS, *MOE_VARIANTS])
 def pair(request: pytest.FixtureRequest, model_pairs: dict[str, ModelPair]) -> ModelPair:
     return model_pairs[request.param]

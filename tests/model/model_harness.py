@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tiny_model import make_tiny_llama, make_tiny_qwen2  # tests/ is on sys.path (tests/conftest.py)
+from tiny_model import (  # tests/ is on sys.path (tests/conftest.py)
+    make_tiny_llama,
+    make_tiny_mixtral,
+    make_tiny_qwen2,
+    make_tiny_qwen3,
+    make_tiny_qwen3_moe,
+)
 
 from sluice.runtime.memory.kv_buffers import KVBuffers
 from sluice.runtime.model.config import ModelConfig
@@ -84,6 +90,11 @@ VARIANTS = {
     "llama_biases": lambda p: make_tiny_llama(
         p, seed=6, initializer_range=INIT_RANGE, attention_bias=True, mlp_bias=True
     ),
+    "qwen3": lambda p: make_tiny_qwen3(p, seed=7, initializer_range=INIT_RANGE),
+}
+MOE_VARIANTS = {
+    "qwen3_moe": lambda p: make_tiny_qwen3_moe(p, seed=8, initializer_range=INIT_RANGE),
+    "mixtral": lambda p: make_tiny_mixtral(p, seed=9, initializer_range=INIT_RANGE),
 }
 
 

@@ -19,7 +19,7 @@ from sluice.runtime.model.rotary import RotaryEmbedding
 pytestmark = pytest.mark.skipif(
     not extension.available(), reason=f"CPU kernels not built: {extension.load()}"
 )
-VARIANTS = ["llama", "qwen2", "mistral", "llama3_rope"]
+VARIANTS = ["llama", "qwen2", "mistral", "llama3_rope", "qwen3", "qwen3_moe", "mixtral"]
 
 
 def run_conversation(model, page_size: int, vocab: int, kv_dtype=torch.float32):
@@ -64,7 +64,7 @@ def test_cpu_backend_fp32_matches_hf(model_pairs: dict[str, ModelPair], variant:
         assert_logits_close(got, expected)
 
 
-@pytest.mark.parametrize("variant", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "mistral", "qwen3", "qwen3_moe", "mixtral"])
 def test_bf16_is_as_close_to_fp32_as_transformers_bf16(model_pairs: dict[str, ModelPair],
                                                        variant: str) -> None:  # fmt: skip
     """Our bf16 forward (bf16 weights, activations and KV) deviates from the fp32 truth no
@@ -125,6 +125,32 @@ def test_w8a8_model_keeps_greedy_tokens_and_lm_head(model_pairs: dict[str, Model
     assert quantize_model(model, "w8a8") == 4 * model.config.num_hidden_layers
     assert cpu_fused_ops.enable(model) is None
     assert isinstance(model.lm_head, Linear)  # the output projection is not quantized
+    ours, seqs = run_conversation(model, 16, pair.config.vocab_size)
+    truth = hf_step_logits(pair.hf_model, seqs, len(ours))
+    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in zip(ours, truth, strict=True))
+    assert agree >= 0.8 * 2 * len(ours)
+    for got, exact in zip(ours, truth, strict=True):
+        assert (got - exact).abs().max().item() < 0.1 * exact.abs().max().item()
+
+
+@needs_torchao
+@pytest.mark.parametrize("variant", ["qwen3_moe", "mixtral"])
+def test_w8a8_moe_quantizes_the_experts_not_the_router(
+    model_pairs: dict[str, ModelPair], variant: str
+) -> None:
+    pair = model_pairs[variant]
+    model, _ = load_model(pair.folder, "cpu", torch.float32, attention_backend="cpu")
+    moe = pair.config.moe
+    assert moe is not None
+    dense = pair.config.num_hidden_layers - len(moe.sparse_layers)
+    count = quantize_model(model, "w8a8")
+    # q/k/v+o per layer, gate/up+down per dense layer, two per expert per sparse layer
+    assert count == 2 * pair.config.num_hidden_layers + 2 * dense + 2 * moe.num_experts * len(
+        moe.sparse_layers
+    )
+    assert cpu_fused_ops.enable(model) is None
+    sparse = model.layers[moe.sparse_layers[0]].mlp
+    assert sparse.impl == "w8a8" and isinstance(sparse.gate, Linear)  # the router stays
     ours, seqs = run_conversation(model, 16, pair.config.vocab_size)
     truth = hf_step_logits(pair.hf_model, seqs, len(ours))
     agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in zip(ours, truth, strict=True))

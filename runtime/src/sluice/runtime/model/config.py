@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+QWEN_WINDOW_FLAG = ("qwen2", "qwen3", "qwen3_moe")  # a window only with use_sliding_window
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 
@@ -268,7 +269,7 @@ def _layer_types(raw: dict[str, Any], num_layers: int, window: int | None) -> tu
         if len(given) != num_layers or any(t not in (FULL, SLIDING) for t in given):
             raise ValueError(f"layer_types must list {FULL!r}/{SLIDING!r} for all {num_layers} layers")
         return tuple(given)
-    if raw.get("model_type") == "qwen2":  # the layers from max_window_layers on slide
+    if raw.get("model_type") in QWEN_WINDOW_FLAG:  # the layers from max_window_layers on slide
         first = int(raw.get("max_window_layers", num_layers))
         return tuple(SLIDING if i >= first else FULL for i in range(num_layers))
     return (SLIDING,) * num_layers
@@ -278,6 +279,6 @@ def _sliding_window(raw: dict[str, Any]) -> int | None:
     window = raw.get("sliding_window")
     if not window:
         return None
-    if raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window", False):
-        return None  # Qwen2 configs carry a window but only use it when told to
+    if raw.get("model_type") in QWEN_WINDOW_FLAG and not raw.get("use_sliding_window", False):
+        return None  # Qwen configs carry a window but only use it when told to
     return int(window)

@@ -14,6 +14,7 @@ from torch import nn
 from sluice.runtime.kernels import cpu_extension
 from sluice.runtime.model.layers import RMSNorm, SwiGLUMLP
 from sluice.runtime.model.llama import LlamaAttention
+from sluice.runtime.model.moe import MoE
 from sluice.runtime.model.quantization import W8A8Linear
 
 
@@ -26,6 +27,6 @@ def enable(model: nn.Module) -> str | None:
     if reason is not None:
         return reason
     for module in model.modules():
-        if isinstance(module, (RMSNorm, SwiGLUMLP, LlamaAttention, W8A8Linear)):
+        if isinstance(module, (RMSNorm, SwiGLUMLP, LlamaAttention, W8A8Linear, MoE)):
             module.fused = True
     return None

@@ -8,6 +8,9 @@ gate/up projections onto the fused parameters and say how tensor parallelism spl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -17,6 +20,7 @@ from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.layers import Linear, RMSNorm, SwiGLUMLP
+from sluice.runtime.model.moe import MoE
 from sluice.runtime.model.registry import Architecture, WeightRule, architecture_for
 from sluice.runtime.model.rotary import RotaryEmbedding
 
@@ -39,6 +43,12 @@ class LlamaAttention(nn.Module):
             config.hidden_size, config.q_size + 2 * config.kv_size, config.qkv_bias, device, dtype
         )
         self.o_proj = Linear(config.q_size, config.hidden_size, config.o_bias, device, dtype)
+        # Qwen3: an RMSNorm over each head's features of q and k, before RoPE
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:
+            eps = config.rms_norm_eps
+            self.q_norm = RMSNorm(config.head_dim, eps, device, dtype)
+            self.k_norm = RMSNorm(config.head_dim, eps, device, dtype)
 
     def forward(
         self,
@@ -52,6 +62,9 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:  # rows of head_dim features
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
         if self.fused:
             q, k = torch.ops.sluice_cpu.rotary(q, k, cos, sin)
         else:
@@ -76,9 +89,13 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps, device, dtype)
         self.self_attn = LlamaAttention(config, layer_id, device, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, device, dtype)
-        self.mlp = SwiGLUMLP(
-            config.hidden_size, config.intermediate_size, config.mlp_bias, device, dtype
-        )
+        self.mlp: nn.Module
+        if config.moe is not None and layer_id in config.moe.sparse_layers:
+            self.mlp = MoE(config.hidden_size, config.moe, device, dtype)
+        else:
+            self.mlp = SwiGLUMLP(
+                config.hidden_size, config.intermediate_size, config.mlp_bias, device, dtype
+            )
 
     def forward(
         self,
@@ -160,12 +177,20 @@ ARCHITECTURES = (
 )
 
 
-def silu_only(raw: dict) -> dict:
+def silu_only(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The SwiGLU MLP's activation: only SiLU is implemented."""
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act={act!r} is not supported (only 'silu')")
     return {}
+
+
+def qk_norm_rules(prefix: str = "model.layers.{layer}.self_attn") -> tuple[WeightRule, ...]:
+    """Qwen3's per-head q/k norms (replicated: every head uses the same weights)."""
+    return tuple(
+        WeightRule.literal(f"{prefix}.{n}.weight", f"layers.{{layer}}.self_attn.{n}.weight")
+        for n in ("q_norm", "k_norm")
+    )
 
 
 def model_class_for(config: ModelConfig) -> type[CausalLM]:

@@ -56,6 +56,15 @@ class W8A8Linear(nn.Module):
         scale = quantized.scale.reshape(-1).float()
         return cls(qweight.t(), scale, linear.bias)
 
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> W8A8Linear:
+        """From a `[out, in]` weight (an MoE expert's projection)."""
+        from torchao.quantization.granularity import PerRow
+        from torchao.quantization.quantize_.workflows.int8.int8_tensor import Int8Tensor
+
+        quantized = Int8Tensor.from_hp(weight.detach().float(), PerRow())
+        return cls(quantized.qdata.contiguous().t(), quantized.scale.reshape(-1).float(), bias)
+
     @property
     def in_features(self) -> int:
         return int(self.qweight_t.shape[0])
@@ -89,7 +98,11 @@ def quantize_model(model: nn.Module, method: str) -> int:
         raise RuntimeError("--quantization w8a8 needs torchao: pip install torchao")
     count = 0
     for layer in model.layers:
+        if hasattr(layer.mlp, "quantize_w8a8"):  # an MoE layer: its experts, not its router
+            count += layer.mlp.quantize_w8a8()
         for parent in (layer.self_attn, layer.mlp):
+            if hasattr(parent, "quantize_w8a8"):
+                continue
             for name, child in list(parent.named_children()):
                 if isinstance(child, Linear):
                     setattr(parent, name, W8A8Linear.from_linear(child))

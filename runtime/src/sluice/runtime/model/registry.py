@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 # modules defining `ARCHITECTURES`, imported on the first lookup (they import this module)
 ARCHITECTURE_MODULES = (
     "sluice.runtime.model.llama",
+    "sluice.runtime.model.qwen3",
+    "sluice.runtime.model.moe_models",
     "sluice.runtime.model.gemma",
     "sluice.runtime.model.gpt_oss",
 )

@@ -1,0 +1,159 @@
+"""One mixture-of-experts MLP layer: a softmax top-k router and SwiGLU experts.
+
+Routing (Qwen3-MoE and Mixtral alike): `softmax` over all experts' router logits in fp32,
+the `top_k` largest, optionally rescaled to sum to one (`renormalize`: Qwen3-MoE's
+`norm_topk_prob`; Mixtral always, which equals a softmax over the chosen logits).
+
+The experts' weights are stacked: `w13[e]` is expert e's gate rows then its up rows
+(`[2 * width, hidden]`), `w2[e]` its down projection (`[hidden, width]`). With tensor
+parallelism each rank holds every expert's share of the width (column-split gate/up,
+row-split down); the decoder layer's all-reduce adds the ranks' partial sums, and the
+router is replicated, so every rank routes alike.
+
+How the experts run (`impl`):
+- `grouped`: the (token, choice) pairs are sorted by expert, and each of the two GEMMs is
+  one `torch._grouped_mm` over the sorted rows with per-expert offsets: no Python loop over
+  experts, experts without tokens cost nothing, and no host sync (CUDA-graph safe);
+- `segments`: the same sort, then one GEMM per expert that received tokens (a loop over the
+  active experts only; the fallback where `_grouped_mm` lacks the dtype, and w8a8's path);
+- `w8a8` (after `quantize_w8a8`): the segments path with each expert's projections as
+  `W8A8Linear`s (int8 weights per output row, int8 activations per token, `torch._int_mm`);
+  the router stays in the model dtype;
+- `loop`: transformers' way, a mask per expert over every token (the reference the tests
+  and `benchmarks/moe.py` measure the others against).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sluice.runtime.model.config import MoEOptions
+from sluice.runtime.model.layers import Linear
+from sluice.runtime.model.quantization import W8A8Linear
+
+IMPLS = ("grouped", "segments", "w8a8", "loop")
+
+
+def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 weights `[tokens, top_k]` and expert ids `[tokens, top_k]` of each token."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+class ExpertOrder:
+    """The (token, choice) pairs of a batch sorted by expert: `rows[i]` is the token of sorted
+    pair i, `weights[i]` its routing weight, `offsets[e]` the end of expert e's pairs."""
+
+    def __init__(self, weights: torch.Tensor, ids: torch.Tensor, num_experts: int) -> None:
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        self.rows = order // ids.shape[1]
+        self.weights = weights.reshape(-1)[order]
+        self.counts = torch.bincount(flat, minlength=num_experts)
+        self.offsets = torch.cumsum(self.counts, 0).to(torch.int32)
+
+    def active(self) -> list[tuple[int, int, int]]:
+        """`(expert, start, end)` of each expert that received pairs (one host sync)."""
+        ends = self.offsets.tolist()
+        starts = [0, *ends[:-1]]
+        return [(e, s, t) for e, (s, t) in enumerate(zip(starts, ends, strict=True)) if t > s]
+
+    def combine(self, out_rows: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        """Weight each pair's output and add the pairs of each token."""
+        weighted = out_rows * self.weights.to(out_rows.dtype).unsqueeze(1)
+        out = out_rows.new_zeros(num_tokens, out_rows.shape[1])
+        return out.index_add_(0, self.rows, weighted)
+
+
+def grouped_mm_supports(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether `torch._grouped_mm` runs this dtype on this device (tried once, tiny)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        a = torch.zeros(2, 16, dtype=dtype, device=device)
+        b = torch.zeros(2, 16, 16, dtype=dtype, device=device)
+        torch._grouped_mm(a, b, offs=torch.tensor([1, 2], dtype=torch.int32, device=device))
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+class MoE(nn.Module):
+    """`sum_k weight_k * expert_k(x)` over each token's `top_k` experts."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        options: MoEOptions,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.num_experts = options.num_experts
+        self.top_k = options.top_k
+        self.renormalize = options.renormalize
+        self.width = options.intermediate_size  # this rank's share of each expert
+        self.fused = False  # SiLU-and-multiply as the compiled CPU op (cpu_fused_ops)
+        self.gate = Linear(hidden_size, self.num_experts, False, device, dtype)  # the router
+        e, w, h = self.num_experts, self.width, hidden_size
+        self.w13 = nn.Parameter(
+            torch.empty(e, 2 * w, h, device=device, dtype=dtype), requires_grad=False
+        )
+        self.w2 = nn.Parameter(
+            torch.empty(e, h, w, device=device, dtype=dtype), requires_grad=False
+        )
+        self.impl = "grouped" if grouped_mm_supports(dtype, device) else "segments"
+        self.q13: nn.ModuleList | None = None  # per-expert W8A8Linear after quantize_w8a8
+        self.q2: nn.ModuleList | None = None
+
+    def quantize_w8a8(self) -> int:
+        """Quantize every expert's two projections (the router stays); returns how many."""
+        self.q13 = nn.ModuleList(W8A8Linear.from_weight(w, None) for w in self.w13)
+        self.q2 = nn.ModuleList(W8A8Linear.from_weight(w, None) for w in self.w2)
+        del self.w13, self.w2
+        self.impl = "w8a8"
+        return 2 * self.num_experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        if self.impl == "loop":
+            return self._loop(x, weights, ids)
+        order = ExpertOrder(weights, ids, self.num_experts)
+        rows = x[order.rows]
+        if self.impl == "grouped":
+            offsets = order.offsets
+            h = torch._grouped_mm(rows, self.w13.transpose(1, 2), offs=offsets)
+            out = torch._grouped_mm(self._act(h), self.w2.transpose(1, 2), offs=offsets)
+        elif self.impl == "w8a8" and self.q13 is not None and self.q2 is not None:
+            out = torch.empty_like(rows)
+            for e, start, end in order.active():
+                out[start:end] = self.q2[e](self._act(self.q13[e](rows[start:end])))
+        else:
+            out = torch.empty_like(rows)
+            for e, start, end in order.active():
+                h = F.linear(rows[start:end], self.w13[e])
+                out[start:end] = F.linear(self._act(h), self.w2[e])
+        return order.combine(out, x.shape[0])
+
+    def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.fused and gate_up.shape[0] > 0:
+            return torch.ops.sluice_cpu.silu_mul(gate_up)
+        gate, up = gate_up.split(self.width, dim=-1)
+        return F.silu(gate) * up
+
+    def _loop(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """transformers' expert loop: for every expert, find its tokens and run it."""
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            token, choice = torch.where(ids == e)
+            if token.numel() == 0:
+                continue
+            h = self._act(F.linear(x[token], self.w13[e]))
+            y = F.linear(h, self.w2[e]) * weights[token, choice, None].to(x.dtype)
+            out.index_add_(0, token, y)
+        return out
