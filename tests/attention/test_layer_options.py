@@ -140,7 +140,7 @@ def test_bf16_window_and_sinks_stay_close_to_math(name, factory) -> None:
 @pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.DECODE])
 def test_triton_head_dim_256_with_every_option_equals_torch(mode) -> None:
     """Gemma 3's head_dim (256), with its own tile sizes, against the torch backend."""
-    from paged_batch import make_case, run_backend
+    from paged_batch import make_case
 
     options = LayerAttention(window=13, sinks=torch.linspace(-1, 1, 4), softcap=2.0, scale=0.1)
     extend = [1, 1, 1] if mode is ForwardMode.DECODE else [20, 3, 35]

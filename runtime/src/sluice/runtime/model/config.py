@@ -269,7 +269,7 @@ def _layer_types(raw: dict[str, Any], num_layers: int, window: int | None) -> tu
         if len(given) != num_layers or any(t not in (FULL, SLIDING) for t in given):
             raise ValueError(f"layer_types must list {FULL!r}/{SLIDING!r} for all {num_layers} layers")
         return tuple(given)
-    if raw.get("model_type") == "qwen2":  # the layers from max_window_layers on slide
+    if raw.get("model_type") in QWEN_WINDOW_FLAG:  # the layers from max_window_layers on slide
         first = int(raw.get("max_window_layers", num_layers))
         return tuple(SLIDING if i >= first else FULL for i in range(num_layers))
     return (SLIDING,) * num_layers
