@@ -70,13 +70,18 @@ def test_changing_the_adapters_changes_the_pod_template(make_spec):
 @pytest.mark.parametrize(
     "adapters, message",
     [
-        ([{"name": "a", "source": "hf://x/y"}, {"name": "a", "source": "hf://x/z"}], "listed twice"),
+        (
+            [{"name": "a", "source": "hf://x/y"}, {"name": "a", "source": "hf://x/z"}],
+            "listed twice",
+        ),
         ([{"name": "Not_DNS", "source": "hf://x/y"}], "name"),
         ([{"name": "a", "source": "bundled://smollm2-135m"}], "no LoRA adapter is bundled"),
         ([{"name": "a", "source": "pvc://c/p", "revision": "v1"}], "only valid for hf://"),
     ],
 )
-def test_the_crd_and_the_operator_refuse_bad_adapter_lists(make_spec, crd_validator, adapters, message):
+def test_the_crd_and_the_operator_refuse_bad_adapter_lists(
+    make_spec, crd_validator, adapters, message
+):
     spec = {"model": {**MODEL, "lora": {"adapters": adapters}}}
     assert crd_validator.errors(isvc_object(**spec))
     with pytest.raises(SpecError, match=message):

@@ -22,8 +22,8 @@ from prometheus_client import (
 )
 
 from sluice.runtime.ipc.messages import SchedulerStats
-from sluice.runtime.metrics.requests import RequestMetrics
 from sluice.runtime.metrics.lora import LoraMirror
+from sluice.runtime.metrics.requests import RequestMetrics
 from sluice.runtime.metrics.scheduler_mirror import SCHEDULER_METRICS, SchedulerMirror
 from sluice.runtime.metrics.vllm_compat import COMPAT_FAMILIES, VllmCompatMirror
 
