@@ -50,7 +50,9 @@ def write_adapter(folder: Path, config: ModelConfig, rank: int, seed: int) -> Pa
             part = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
             key = f"base_model.model.model.layers.{layer}.{part}.{module}"
             tensors[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=g) / fan_in**0.5
-            tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=g) / rank**0.5 * 0.1
+            tensors[f"{key}.lora_B.weight"] = (
+                torch.randn(fan_out, rank, generator=g) / rank**0.5 * 0.1
+            )
     save_file(tensors, str(folder / "adapter_model.safetensors"))
     (folder / "adapter_config.json").write_text(json.dumps({
         "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "bias": "none",
@@ -58,11 +60,17 @@ def write_adapter(folder: Path, config: ModelConfig, rank: int, seed: int) -> Pa
     return folder
 
 
-def run(args: ServerArgs, path: Path, adapters: int, prompts: list[list[int]], output_len: int) -> dict:
+def run(
+    args: ServerArgs, path: Path, adapters: int, prompts: list[list[int]], output_len: int
+) -> dict:
     worker = ModelWorker(args, path)
     scheduler = build_scheduler(args, worker)
     step = scheduler.step_overlap if args.overlap_schedule else scheduler.step
-    scheduler.handle(TokenizedGenerateReq("warm", prompts[0][:8], SamplingParams(max_new_tokens=2, temperature=0)))
+    scheduler.handle(
+        TokenizedGenerateReq(
+            "warm", prompts[0][:8], SamplingParams(max_new_tokens=2, temperature=0)
+        )
+    )
     while scheduler.has_work:
         step()
         scheduler.take_output()
@@ -87,7 +95,9 @@ def run(args: ServerArgs, path: Path, adapters: int, prompts: list[list[int]], o
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--input-len", type=int, default=64)
@@ -105,10 +115,14 @@ def main() -> int:
     counts = [int(c) for c in ns.adapters.split(",")]
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    base = ServerArgs.from_cli_args(parser.parse_args(["--model", ns.model, *shlex.split(ns.server_args)]))
+    base = ServerArgs.from_cli_args(
+        parser.parse_args(["--model", ns.model, *shlex.split(ns.server_args)])
+    )
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        folders = [write_adapter(Path(tmp) / f"a{i}", config, ns.rank, i) for i in range(max(counts))]
+        folders = [
+            write_adapter(Path(tmp) / f"a{i}", config, ns.rank, i) for i in range(max(counts))
+        ]
         for n in counts:
             args = base
             if n:
@@ -124,7 +138,9 @@ def main() -> int:
     print("adapters | output tok/s | decode tick ms | decode cost vs base")
     for r in results:
         cost = f"{r['decode_tick_ms'] / base_tick:.2f}x" if base_tick else "-"
-        print(f"{r['adapters']:>8} | {r['output_tok_s']:>12.1f} | {r['decode_tick_ms']:>14.1f} | {cost}")
+        print(
+            f"{r['adapters']:>8} | {r['output_tok_s']:>12.1f} | {r['decode_tick_ms']:>14.1f} | {cost}"
+        )
     if ns.output_file:
         Path(ns.output_file).write_text(json.dumps(results, indent=2))
     return 0

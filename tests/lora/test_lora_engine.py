@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from lora_adapters import PeftOracle, make_adapter
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = [[5, 17, 33, 42, 9, 11], [60, 61, 62, 63, 64, 65, 66, 67, 68], [100, 7, 3]]
 NEW = 10
 
@@ -54,7 +56,9 @@ def test_mixed_batch_rows_each_match_their_peft_oracle(
         assert h.outputs[f"r{i}-b16"] != h.outputs[f"r{i}-a8"]
 
 
-def test_retraction_under_a_small_pool_keeps_every_rows_oracle_output(make_harness, adapters, oracle):
+def test_retraction_under_a_small_pool_keeps_every_rows_oracle_output(
+    make_harness, adapters, oracle
+):
     h = make_harness(
         enable_lora=True, lora_modules=_modules(adapters), max_loras=2, max_total_tokens=72,
         max_running_requests=6,
@@ -85,13 +89,20 @@ def test_a_batch_never_holds_more_adapters_than_max_loras_and_nobody_starves(
         assert len({lora_of[r] for r in tick.rids} - {0}) <= 1, tick.rids
     for i, name in enumerate(order):  # every request finished, each with its own output
         rid = f"q{i}-{name}"
-        assert h.outputs[rid] == oracle.generate(adapters[name] if name else None, PROMPTS[i % 3], 6)
+        assert h.outputs[rid] == oracle.generate(
+            adapters[name] if name else None, PROMPTS[i % 3], 6
+        )
 
 
 def test_two_adapters_never_share_cached_pages_for_the_same_prompt(make_harness, adapters):
     h = make_harness(enable_lora=True, lora_modules=_modules(adapters), max_loras=2)
     prompt = list(range(40, 72))
-    for rid, lora in (("a-first", 1), ("b-same-prompt", 2), ("base-same-prompt", 0), ("a-again", 1)):
+    for rid, lora in (
+        ("a-first", 1),
+        ("b-same-prompt", 2),
+        ("base-same-prompt", 0),
+        ("a-again", 1),
+    ):
         h.submit(rid, prompt, max_new_tokens=2, ignore_eos=True, lora_id=lora)
         h.run_until_idle()
     assert h.cached["b-same-prompt"] == 0

@@ -36,7 +36,9 @@ def _reference(a, b, scaling, ranks, rows, x, y):
         if slot >= 0:
             r = ranks[slot]
             xs = x[at : at + n].double()
-            out[at : at + n] += (xs @ a[slot, :r].double().T) @ b[slot, :, :r].double().T * scaling[slot]
+            out[at : at + n] += (
+                (xs @ a[slot, :r].double().T) @ b[slot, :, :r].double().T * scaling[slot]
+            )
         at += n
     return out
 

@@ -48,7 +48,8 @@ def test_two_ranks_serve_each_adapter_as_peft_does(tmp_path, loop):
                 return r.json()["choices"][0]["token_ids"]
 
             jobs = [(m, p) for p in PROMPTS for m in (base_name, "a8", "b16")]
-            return list(zip(jobs, await asyncio.gather(*(one(m, p) for m, p in jobs))))
+            outs = await asyncio.gather(*(one(m, p) for m, p in jobs))
+            return list(zip(jobs, outs, strict=True))
 
     with serve(base, tmp_path / "tp2.log", *flags) as srv:
         results = asyncio.run(go(srv.url))

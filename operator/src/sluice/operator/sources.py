@@ -9,8 +9,8 @@ from typing import Any
 from sluice.runtime import constants as rc
 
 from . import constants as c
-from .spec import ModelSource, ModelSpec, SecretKeyRef
-from .validation import DNS1123_SUBDOMAIN, SECRET_KEY, Reader
+from .spec import LoraAdapterSpec, LoraSpec, ModelSource, ModelSpec, SecretKeyRef
+from .validation import DNS1123_LABEL, DNS1123_SUBDOMAIN, SECRET_KEY, Reader
 
 HF_REPO_PART = r"[A-Za-z0-9][-A-Za-z0-9_.]{0,95}"
 PATH_SEGMENT = r"[A-Za-z0-9_][-A-Za-z0-9_.+@=]*"
@@ -47,9 +47,10 @@ def read_model(r: Reader, spec: Mapping[str, Any]) -> ModelSpec | None:
     model = r.mapping(spec, "model", "spec.model")
     r.known(
         model,
-        ("source", "revision", "servedName", "tokenSecretRef", "storageSize", "files", "cache"),
+        ("source", "revision", "servedName", "tokenSecretRef", "storageSize", "files", "cache",
+         "lora"),
         "spec.model",
-    )
+    )  # fmt: skip
     uri = r.string(model, "source", "spec.model.source", required=True, max_length=512)
     source = _model_source(r, uri) if uri else None
     revision = r.string(model, "revision", "spec.model.revision", pattern=REVISION)
@@ -92,22 +93,58 @@ def read_model(r: Reader, spec: Mapping[str, Any]) -> ModelSpec | None:
         storage_size=storage,
         files=tuple(files),
         cache_claim=claim,
+        lora=read_lora(r, model),
     )
 
 
-def _model_source(r: Reader, uri: str) -> ModelSource | None:
+def read_lora(r: Reader, model: Mapping[str, Any]) -> LoraSpec | None:
+    """`spec.model.lora`: adapter names are DNS labels (they become folder names and the
+    `model` clients send) and unique; sources are hf:// or pvc:// (no adapter is bundled)."""
+    if model.get("lora") is None:
+        return None
+    path = "spec.model.lora"
+    lora = r.mapping(model, "lora", path)
+    r.known(lora, ("adapters", "maxAdapters", "maxRank"), path)
+    items = r.objects(lora, "adapters", f"{path}.adapters", max_items=c.MAX_LORA_ADAPTERS)
+    if not items:
+        r.fail(f"{path}.adapters", "must list at least one adapter")
+    adapters: list[LoraAdapterSpec] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        at = f"{path}.adapters[{i}]"
+        r.known(item, ("name", "source", "revision"), at)
+        name = r.string(item, "name", f"{at}.name", required=True, pattern=DNS1123_LABEL, max_length=63)
+        uri = r.string(item, "source", f"{at}.source", required=True, max_length=512)
+        revision = r.string(item, "revision", f"{at}.revision", pattern=REVISION)
+        source = _model_source(r, uri, f"{at}.source") if uri else None
+        if source is not None and source.scheme == "bundled":
+            r.fail(f"{at}.source", "no LoRA adapter is bundled: use hf://ORG/NAME or pvc://CLAIM/PATH")
+            source = None
+        if source is not None and source.scheme != "hf" and revision is not None:
+            r.fail(f"{at}.revision", "is only valid for hf:// sources")
+        if name is not None and name in seen:
+            r.fail(f"{at}.name", f"{name!r} is listed twice")
+        if name is not None and source is not None:
+            seen.add(name)
+            adapters.append(LoraAdapterSpec(name, source, revision))
+    max_adapters = r.integer(lora, "maxAdapters", f"{path}.maxAdapters", minimum=1, maximum=c.MAX_LORA_ADAPTERS)
+    max_rank = r.integer(lora, "maxRank", f"{path}.maxRank", minimum=1, maximum=512)
+    return LoraSpec(tuple(adapters), max_adapters, max_rank)
+
+
+def _model_source(r: Reader, uri: str, path: str = "spec.model.source") -> ModelSource | None:
     if uri.startswith("bundled://") and uri.removeprefix("bundled://") in rc.BUNDLED_MODELS:
         return ModelSource(uri=uri, scheme="bundled", path=uri.removeprefix("bundled://"))
     if match := HF_SOURCE.match(uri):
         return ModelSource(uri=uri, scheme="hf", repo=f"{match['org']}/{match['name']}")
     if match := PVC_SOURCE.match(uri):
         if len(match["claim"]) > 253:
-            r.fail("spec.model.source", "claim name is longer than 253 characters")
+            r.fail(path, "claim name is longer than 253 characters")
         return ModelSource(
             uri=uri, scheme="pvc", claim=match["claim"], path=match["path"].strip("/")
         )
     r.fail(
-        "spec.model.source",
+        path,
         f"must be {rc.BUNDLED_MODEL_URI}, {rc.BUNDLED_GEMMA3_URI}, hf://ORG/NAME or "
         f"pvc://CLAIM/PATH, got {uri!r}",
     )

@@ -43,6 +43,25 @@ class ModelSource:
 
 
 @dataclass(frozen=True)
+class LoraAdapterSpec:
+    """One LoRA adapter: its name (what clients send as `model`) and where it comes from
+    (`hf://ORG/NAME` at `revision`, or `pvc://CLAIM/PATH`)."""
+
+    name: str
+    source: ModelSource
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """`spec.model.lora`: adapters served with the model (`sluice serve --enable-lora`)."""
+
+    adapters: tuple[LoraAdapterSpec, ...] = ()
+    max_adapters: int | None = None  # --max-loras (adapters in one batch)
+    max_rank: int | None = None  # --max-lora-rank
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     source: ModelSource
     served_name: str
@@ -51,6 +70,7 @@ class ModelSpec:
     storage_size: str | None = None
     files: tuple[str, ...] = ()  # hf: allow patterns of the download (empty: every file)
     cache_claim: str | None = None  # hf: a ReadWriteMany claim shared as the Hub cache
+    lora: LoraSpec | None = None
 
     @property
     def single_file(self) -> str | None:

@@ -55,6 +55,11 @@ FLAG_SCHEDULER_HEARTBEAT_TIMEOUT = "--scheduler-heartbeat-timeout"
 FLAG_WATCHDOG_TIMEOUT = "--watchdog-timeout"
 FLAG_MAX_QUEUED_REQUESTS = "--max-queued-requests"
 FLAG_REQUEST_TIMEOUT = "--request-timeout"
+FLAG_ENABLE_LORA = "--enable-lora"
+FLAG_LORA_MODULES = "--lora-modules"
+FLAG_MAX_LORAS = "--max-loras"
+FLAG_MAX_LORA_RANK = "--max-lora-rank"
+FLAG_MAX_CPU_LORAS = "--max-cpu-loras"
 ENV_API_KEY = "SLUICE_API_KEY"
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")

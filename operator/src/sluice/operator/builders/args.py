@@ -6,6 +6,7 @@ from sluice.runtime import constants as rc
 
 from .. import constants as c
 from ..spec import InferenceServiceSpec
+from .model import lora_path
 
 
 def serve_command() -> list[str]:
@@ -49,4 +50,14 @@ def serve_args(isvc: InferenceServiceSpec, model_argument: str) -> list[str]:
         args.append(rc.FLAG_DISABLE_OVERLAP_SCHEDULE)
     if isvc.inference_pool.enabled:  # the endpoint picker reads vLLM's metric names
         args += [rc.FLAG_METRICS_COMPAT, c.METRICS_COMPAT_VLLM]
+    lora = isvc.model.lora
+    if lora is not None and lora.adapters:
+        args += [rc.FLAG_ENABLE_LORA, rc.FLAG_LORA_MODULES]
+        args += [f"{a.name}={lora_path(a)}" for a in lora.adapters]
+        if lora.max_adapters is not None:
+            args += [rc.FLAG_MAX_LORAS, str(lora.max_adapters)]
+        if lora.max_rank is not None:
+            args += [rc.FLAG_MAX_LORA_RANK, str(lora.max_rank)]
+        # every listed adapter stays in host memory (none is read again from disk)
+        args += [rc.FLAG_MAX_CPU_LORAS, str(max(len(lora.adapters), lora.max_adapters or 1))]
     return args + list(rt.extra_args)

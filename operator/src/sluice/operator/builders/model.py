@@ -14,11 +14,18 @@
     /models/hf, and the runtime mounts the claim read-only to follow the link.
   A model that is one GGUF file is loaded as that file: name it in `files`.
 - `pvc://claim/path`: the claim is mounted read-only; `--model` points inside it.
+
+`spec.model.lora` adds LoRA adapters the same way: hf:// adapters are downloaded (pinned at
+their `revision`) by one more init container into an emptyDir, LORA_DIR/hf/NAME; a pvc://
+adapter's claim is mounted read-only under LORA_DIR/pvc/CLAIM; the runtime gets
+`--enable-lora --lora-modules NAME=PATH ...`. The adapters are part of the pod template:
+changing the list rolls the pods (each new pod downloads the new list before it starts).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +33,7 @@ from typing import Any
 from sluice.runtime import constants as rc
 
 from .. import constants as c
-from ..spec import InferenceServiceSpec
+from ..spec import InferenceServiceSpec, LoraAdapterSpec
 from .common import container_security_context, secret_env
 
 # Arguments come from the environment, never from string formatting, so a repo name or a
@@ -53,6 +60,20 @@ if shared:
 """
 
 
+LORA_DOWNLOAD_SCRIPT = """\
+import json
+import os
+from huggingface_hub import snapshot_download
+for adapter in json.loads(os.environ["SLUICE_LORA_ADAPTERS"]):
+    snapshot_download(
+        repo_id=adapter["repo"],
+        revision=adapter.get("revision") or None,
+        local_dir=adapter["dir"],
+        allow_patterns=["adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"],
+    )
+"""
+
+
 @dataclass(frozen=True)
 class ModelMount:
     """What the pod needs so that `--model model_argument` resolves."""
@@ -64,7 +85,64 @@ class ModelMount:
 
 
 def model_mount(isvc: InferenceServiceSpec, resources: dict[str, Any]) -> ModelMount:
-    """`resources` are the CPU/memory requirements the download container shares."""
+    """`resources` are the CPU/memory requirements the download containers share."""
+    mount = _base_mount(isvc, resources)
+    lora = isvc.model.lora
+    if lora is None or not lora.adapters:
+        return mount
+    volumes, mounts, init = list(mount.volumes), list(mount.mounts), list(mount.init_containers)
+    hf = [a for a in lora.adapters if a.source.scheme == "hf"]
+    if hf:
+        volumes.append({"name": c.VOLUME_LORA, "emptyDir": {}})
+        mounts.append({"name": c.VOLUME_LORA, "mountPath": f"{c.LORA_DIR}/hf", "readOnly": True})
+        init.append(_lora_download_container(isvc, hf, resources))
+    claims = list(dict.fromkeys(a.source.claim for a in lora.adapters if a.source.scheme == "pvc"))
+    for i, claim in enumerate(claims):
+        name = f"{c.VOLUME_LORA}-pvc-{i}"
+        volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": name, "mountPath": f"{c.LORA_DIR}/pvc/{claim}", "readOnly": True})
+    return dataclasses.replace(
+        mount, volumes=tuple(volumes), mounts=tuple(mounts), init_containers=tuple(init)
+    )
+
+
+def lora_path(adapter: LoraAdapterSpec) -> str:
+    """Where the runtime finds an adapter's folder in the pod."""
+    if adapter.source.scheme == "hf":
+        return f"{c.LORA_DIR}/hf/{adapter.name}"
+    path = adapter.source.path
+    return f"{c.LORA_DIR}/pvc/{adapter.source.claim}" + (f"/{path}" if path else "")
+
+
+def _lora_download_container(
+    isvc: InferenceServiceSpec, adapters: list[LoraAdapterSpec], resources: dict[str, Any]
+) -> dict[str, Any]:
+    wanted = [{"repo": a.source.repo, "revision": a.revision or "", "dir": lora_path(a)} for a in adapters]
+    env: list[dict[str, Any]] = [
+        {"name": c.ENV_LORA_ADAPTERS, "value": json.dumps(wanted)},
+        {"name": c.ENV_HF_HOME, "value": f"{c.TMP_DIR}/huggingface"},
+    ]
+    if isvc.model.token_secret:
+        ref = isvc.model.token_secret
+        env.append(secret_env(c.ENV_HF_TOKEN, ref.name, ref.key))
+    env += [copy.deepcopy(dict(item)) for item in isvc.env]
+    container: dict[str, Any] = {
+        "name": c.LORA_DOWNLOAD_CONTAINER_NAME,
+        "image": isvc.image,
+        "command": ["python", "-c", LORA_DOWNLOAD_SCRIPT],
+        "env": env,
+        "volumeMounts": [
+            {"name": c.VOLUME_LORA, "mountPath": f"{c.LORA_DIR}/hf"},
+            {"name": c.VOLUME_TMP, "mountPath": c.TMP_DIR},
+        ],
+        "securityContext": container_security_context(),
+    }
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _base_mount(isvc: InferenceServiceSpec, resources: dict[str, Any]) -> ModelMount:
     source = isvc.model.source
     if source.scheme == "bundled":
         return ModelMount(model_argument=source.path or rc.BUNDLED_MODEL_NAME)

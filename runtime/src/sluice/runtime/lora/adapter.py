@@ -178,7 +178,9 @@ def load_adapter(
             )
         layer, module, which = int(m.group(1)), m.group(2), m.group(3)
         if module not in shapes:
-            raise LoraAdapterError(f"target module {module!r} (tensor {key!r}) is not in this model")
+            raise LoraAdapterError(
+                f"target module {module!r} (tensor {key!r}) is not in this model"
+            )
         if layer >= config.num_hidden_layers:
             raise LoraAdapterError(
                 f"tensor {key!r} is for layer {layer}; the model has {config.num_hidden_layers}"

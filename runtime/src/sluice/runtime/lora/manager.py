@@ -128,10 +128,19 @@ class LoraManager:
         model = self.model
         local = model.local_config
         shard = model.shard
-        q, kv, inter, hidden = local.q_size, local.kv_size, local.intermediate_size, local.hidden_size
+        q, kv, inter, hidden = (
+            local.q_size,
+            local.kv_size,
+            local.intermediate_size,
+            local.hidden_size,
+        )
         full_in = {"o_proj": local.q_size, "down_proj": local.intermediate_size}
         layout = {
-            ("self_attn", "qkv_proj"): [("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)],
+            ("self_attn", "qkv_proj"): [
+                ("q_proj", 0, q),
+                ("k_proj", q, kv),
+                ("v_proj", q + kv, kv),
+            ],
             ("self_attn", "o_proj"): [("o_proj", 0, hidden)],
             ("mlp", "gate_up_proj"): [("gate_proj", 0, inter), ("up_proj", inter, inter)],
             ("mlp", "down_proj"): [("down_proj", 0, hidden)],
@@ -273,13 +282,21 @@ def base_model_names(
     """What an adapter's `base_model_name_or_path` may say for this server's model: the
     `--model` value, the folder's name, the served name (lower-case; the last path part of
     an adapter's claim is compared too)."""
-    names = {model, model.rstrip("/").rsplit("/", 1)[-1], str(model_path).rstrip("/").rsplit("/", 1)[-1]}
+    names = {
+        model,
+        model.rstrip("/").rsplit("/", 1)[-1],
+        str(model_path).rstrip("/").rsplit("/", 1)[-1],
+    }
     names |= {served_model_name, *bundled}
     return {n.lower().removesuffix(".gguf") for n in names if n}
 
 
 def create_lora_manager(
-    args: ServerArgs, model: nn.Module, device: torch.device | str, dtype: torch.dtype, model_path: str
+    args: ServerArgs,
+    model: nn.Module,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    model_path: str,
 ) -> LoraManager | None:
     """The worker's `LoraManager` for `--enable-lora` (None without), with the
     `--lora-modules` adapters registered as ids 1, 2, ... (the API server numbers them the
@@ -287,7 +304,9 @@ def create_lora_manager(
     if not args.enable_lora:
         return None
     config = LoraConfig(args.max_loras, args.max_lora_rank, args.cpu_loras)
-    bundled = (C.BUNDLED_SERVED_NAME, C.BUNDLED_MODEL_NAME) if args.model == C.BUNDLED_MODEL_NAME else ()
+    bundled = (
+        (C.BUNDLED_SERVED_NAME, C.BUNDLED_MODEL_NAME) if args.model == C.BUNDLED_MODEL_NAME else ()
+    )
     names = base_model_names(args.model, model_path, args.served_model_name, bundled)
     manager = LoraManager(config, model, device, dtype, names)
     for lora_id, spec in enumerate(parse_lora_modules(args.lora_modules), start=1):

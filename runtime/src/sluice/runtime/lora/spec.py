@@ -36,7 +36,9 @@ def parse_lora_module(value: str) -> AdapterSpec:
         unknown = set(data) - {"name", "path", "base_model_name"}
         if unknown:
             raise ValueError(f"--lora-modules {value!r}: unknown keys {sorted(unknown)}")
-        spec = AdapterSpec(str(data["name"]), str(data["path"]), str(data.get("base_model_name") or ""))
+        spec = AdapterSpec(
+            str(data["name"]), str(data["path"]), str(data.get("base_model_name") or "")
+        )
     else:
         name, sep, path = value.partition("=")
         if not sep or not name or not path:
@@ -60,5 +62,3 @@ def check_name(name: str) -> None:
             f"adapter name {name!r} must be 1-128 characters of letters, digits and ._/:- "
             "(starting with a letter or digit)"
         )
-
-

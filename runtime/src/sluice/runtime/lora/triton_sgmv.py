@@ -82,7 +82,9 @@ def _expand_kernel(
     offs_r = tl.arange(0, R)
     offs_n = nblock * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    h = tl.load(h_ptr + rows[:, None] * stride_ht + offs_r[None, :], mask=mask_m[:, None], other=0.0)
+    h = tl.load(
+        h_ptr + rows[:, None] * stride_ht + offs_r[None, :], mask=mask_m[:, None], other=0.0
+    )
     b = tl.load(b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None],
                 mask=mask_n[None, :], other=0.0)  # fmt: skip
     delta = tl.dot(h, b.to(tl.float32), input_precision=PRECISION)

@@ -32,21 +32,30 @@ def worker_lora(scheduler: Scheduler) -> Any:
 def lora_op(scheduler: Scheduler, msg: LoadLoraReq | UnloadLoraReq) -> LoraOpResult:
     manager = worker_lora(scheduler)
     if manager is None:
-        return LoraOpResult(msg.op_id, False, 400, "LoRA is off: start the server with --enable-lora")
+        return LoraOpResult(
+            msg.op_id, False, 400, "LoRA is off: start the server with --enable-lora"
+        )
     if isinstance(msg, LoadLoraReq):
         try:
             seconds = manager.register(msg.lora_id, msg.name, msg.path)
         except ValueError as exc:
             logger.info("lora adapter refused name=%s path=%s reason=%s", msg.name, msg.path, exc)
-            return LoraOpResult(msg.op_id, False, 400, f"cannot load LoRA adapter {msg.name!r}: {exc}")
+            return LoraOpResult(
+                msg.op_id, False, 400, f"cannot load LoRA adapter {msg.name!r}: {exc}"
+            )
         except Exception as exc:  # an unexpected fault: the adapter is not served
             logger.exception("lora adapter load failed name=%s", msg.name)
-            return LoraOpResult(msg.op_id, False, 500, f"loading LoRA adapter {msg.name!r} failed: {exc!r}")
+            return LoraOpResult(
+                msg.op_id, False, 500, f"loading LoRA adapter {msg.name!r} failed: {exc!r}"
+            )
         return LoraOpResult(msg.op_id, True, 200, "", seconds)
     using = [r.rid for r in scheduler.live_requests() if r.sampling.lora_id == msg.lora_id]
     if using:
         return LoraOpResult(
-            msg.op_id, False, 409, f"{len(using)} requests are using the adapter; retry when they end"
+            msg.op_id,
+            False,
+            409,
+            f"{len(using)} requests are using the adapter; retry when they end",
         )
     manager.unregister(msg.lora_id)
     return LoraOpResult(msg.op_id, True, 200)
