@@ -19,7 +19,7 @@
 #   serving      sluice serve on the 8B shape, benchmarks/bench_serving at temperature 1.0
 #                and 0 with the overlap loop, and 1.0 with the normal loop; the scheduler
 #                thread's blocked time per step from the server log (blocked_time lines)
-#   correctness  tests/gpu (compiled kernels, greedy equal across backends and to eager,
+#   correctness  tests/gpu and the fused Triton kernels compiled (greedy equal across backends and to eager,
 #                the shipped default: overlap + graphs + sampled rows)
 #
 # Under $OUT: gpu_check.log (everything), summary.json (the checks and every figure),
@@ -196,7 +196,7 @@ summary "serving: $verdict ($(( $(date +%s) - STEP_T0 ))s) $(IFS='|'; echo "${no
 # --- correctness ------------------------------------------------------------------------
 begin_step correctness
 within_step "$PY" -m pytest -q -p no:cacheprovider -o addopts= -rs --junitxml="$WORK/correctness.xml" \
-  tests/gpu 2>&1 | tee "$WORK/correctness.log"
+  tests/gpu tests/kernels/test_triton_fused.py 2>&1 | tee "$WORK/correctness.log"
 rc=${PIPESTATUS[0]}
 result=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error|skipped)" "$WORK/correctness.log" | tail -1 | tr -d '=')
 verdict=PASS

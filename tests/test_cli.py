@@ -35,7 +35,7 @@ def test_defaults_parse_into_valid_args():
     "argv, message",
     [
         (["serve", "--page-size", "0"], "--page-size"),
-        (["serve", "--max-running-requests", "0"], "--max-running-requests"),
+        (["serve", "--max-running-requests", "-1"], "--max-running-requests"),  # 0 is auto
         (["serve", "--mem-fraction-static", "1.5"], "--mem-fraction-static"),
         (["serve", "--tensor-parallel-size", "0"], "--tensor-parallel-size"),
     ],

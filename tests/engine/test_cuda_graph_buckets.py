@@ -113,5 +113,5 @@ def test_cuda_graph_flags_parse_and_a_bad_max_bs_is_refused(capsys):
     flags = ["serve", "--disable-cuda-graph", "--cuda-graph-max-bs", "32"]
     args = ServerArgs.from_cli_args(build_parser().parse_args(flags))
     assert args.disable_cuda_graph and args.cuda_graph_max_bs == 32
-    assert main(["serve", "--cuda-graph-max-bs", "0"]) == 2
-    assert "--cuda-graph-max-bs must be >= 1" in capsys.readouterr().err
+    assert main(["serve", "--cuda-graph-max-bs", "-1"]) == 2
+    assert "--cuda-graph-max-bs must be >= 1 (0: auto)" in capsys.readouterr().err

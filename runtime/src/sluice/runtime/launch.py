@@ -30,6 +30,7 @@ import uvicorn
 from sluice.runtime import constants as C
 from sluice.runtime.detokenizer.process import run_detokenizer_process
 from sluice.runtime.distributed.topology import RankSpec, node_ranks, tensor_parallel_problem
+from sluice.runtime.engine.gpu_defaults import resolve_for_model
 from sluice.runtime.entrypoints.http_server import build_app
 from sluice.runtime.entrypoints.request_limits import RequestLimits
 from sluice.runtime.entrypoints.tokenizer_manager import WARMUP_RID, TokenizerManager
@@ -224,6 +225,7 @@ def launch_server(args: ServerArgs) -> int:
     if (problem := startup_problem(args, model_path)) is not None:
         print(f"sluice serve: {problem}", file=sys.stderr)
         return 2
+    args = resolve_for_model(args, model_path)  # GPU: auto sizes from its memory, once for all
     if args.node_rank > 0:
         return serve_follower_node(args, model_path)
     port_args = PortArgs.fresh()

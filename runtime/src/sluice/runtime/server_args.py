@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from sluice.runtime import constants as C
 from sluice.runtime.dataclass_cli import add_flags, option
 
+# what the auto (0) sizes are on the CPU
+CPU_AUTO_SIZES = {"max_running_requests": 64, "chunked_prefill_size": 2048, "cuda_graph_max_bs": 160}
+
 
 @dataclass(frozen=True)
 class ServerArgs:
@@ -47,10 +50,14 @@ class ServerArgs:
     mem_fraction_static: float = option(
         0.85, "Fraction of GPU memory for weights plus KV pool (GPU only)."
     )
-    max_running_requests: int = option(64, "Request slots: most requests decoding at once.")
+    max_running_requests: int = option(
+        0, "Request slots: most requests decoding at once (0: auto; on a GPU from the KV pool, "
+        "2048..4096 as SGLang; 64 on the CPU)."
+    )
     max_prefill_tokens: int = option(8192, "Most prompt tokens admitted into one prefill batch.")
     chunked_prefill_size: int = option(
-        2048, "Longest prompt piece prefilled in one tick; longer prompts are chunked (-1: off)."
+        0, "Longest prompt piece prefilled in one tick; longer prompts are chunked (-1: off; "
+        "0: auto, by GPU memory as SGLang: 8192 on an 80-160 GiB GPU; 2048 on the CPU)."
     )
     max_context_len: int = option(0, "Context length limit (0: the model's own).")
     schedule_policy: str = option("fcfs", "Order in which waiting requests are admitted.", C.SCHEDULE_POLICIES)
@@ -114,8 +121,9 @@ class ServerArgs:
         C.ATTENTION_BACKENDS,
     )
     cuda_graph_max_bs: int = option(
-        160, "Largest decode batch run through a captured CUDA graph (buckets 1, 2, 4, 8, "
-        "16, 24, ...; GPU, triton and flashinfer backends)."
+        0, "Largest decode batch run through a captured CUDA graph (buckets 1, 2, 4, 8, "
+        "16, 24, ...; GPU, triton and flashinfer backends; 0: auto, by GPU memory as SGLang: "
+        "256 on an 80-160 GiB GPU)."
     )
     disable_cuda_graph: bool = option(False, "Run decode eagerly: capture no CUDA graphs.")
     tool_call_parser: str = option(
@@ -187,6 +195,17 @@ class ServerArgs:
         "core, capped by the cgroup CPU quota; the tokenizer and detokenizer keep to one).",
     )
 
+    def __post_init__(self) -> None:
+        """On the CPU the auto (0) sizes are fixed values; on a GPU they wait for its memory
+        (`engine.gpu_defaults.resolve_for_model`)."""
+        if 0 not in (self.max_running_requests, self.chunked_prefill_size, self.cuda_graph_max_bs):
+            return
+        if self.resolved_device != "cpu":
+            return
+        for name, value in CPU_AUTO_SIZES.items():
+            if getattr(self, name) == 0:
+                object.__setattr__(self, name, value)
+
     @property
     def resolved_device(self) -> str:
         if self.device != "auto":
@@ -225,8 +244,8 @@ class ServerArgs:
         problems = []
         if self.page_size < 1:
             problems.append("--page-size must be >= 1")
-        if self.max_running_requests < 1:
-            problems.append("--max-running-requests must be >= 1")
+        if self.max_running_requests < 0:
+            problems.append("--max-running-requests must be >= 1 (0: auto)")
         if self.max_prefill_tokens < 1:
             problems.append("--max-prefill-tokens must be >= 1")
         if self.max_prefill_streak < 0:
@@ -235,8 +254,8 @@ class ServerArgs:
             problems.append("--max-total-tokens must be >= 0")
         if not 0.0 < self.mem_fraction_static < 1.0:
             problems.append("--mem-fraction-static must be in (0, 1)")
-        if self.cuda_graph_max_bs < 1:
-            problems.append("--cuda-graph-max-bs must be >= 1")
+        if self.cuda_graph_max_bs < 0:
+            problems.append("--cuda-graph-max-bs must be >= 1 (0: auto)")
         if self.attention_backend != "auto":
             from sluice.runtime.attention.availability import backend_problem
 

@@ -42,6 +42,7 @@ from sluice.runtime.engine.cuda_graph import (
 from sluice.runtime.engine.engine_faults import EngineUnusable
 from sluice.runtime.engine.fault_injection import FaultPlan
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
+from sluice.runtime.engine.gpu_defaults import resolve_for_model
 from sluice.runtime.engine.step_inputs import (
     forward_batch_of,
     next_positions,
@@ -124,6 +125,7 @@ class ModelWorker:
     def __init__(
         self, args: ServerArgs, model_path: str | Path, tp: TensorParallelGroup = SINGLE_RANK
     ) -> None:
+        args = resolve_for_model(args, Path(model_path))  # GPU: the auto sizes (gpu_defaults)
         self.args = args
         self.tp = tp
         self.device = args.resolved_device

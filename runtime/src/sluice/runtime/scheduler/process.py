@@ -57,7 +57,8 @@ PAUSED_POLL_S = 0.01  # how often a paused scheduler (test hold gate) looks for 
 
 def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
     """The scheduler for `args` over `worker`: its bookkeeping (pages, rows, prefix cache)
-    is built here, sized to the worker's device pool."""
+    is built here, sized to the worker's device pool (and its args: auto sizes resolved)."""
+    args = worker.args
     executor = overlap_executor(worker) if args.overlap_schedule else SyncExecutor(worker)
     grammars = grammar_queue(
         GrammarCompiler(worker.tokenizer, worker.model_config.vocab_size, worker.eos_token_ids),
