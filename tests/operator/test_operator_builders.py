@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from operator_testkit import IMAGE
+from operator_validators import k8s_validate
 
 from sluice.operator.builders import (
     build_deployment,
@@ -48,6 +49,24 @@ def probe(period: int, failures: int, path: str = "/health") -> dict:
         "timeoutSeconds": 5,
         "failureThreshold": failures,
     }
+
+
+@pytest.mark.parametrize(
+    ("rollout", "expected"),
+    [
+        ({}, {"maxSurge": 1, "maxUnavailable": 0}),  # never a serving pod down first
+        ({"maxSurge": 0, "maxUnavailable": 1}, {"maxSurge": 0, "maxUnavailable": 1}),
+        (
+            {"maxSurge": "25%", "maxUnavailable": "10%"},
+            {"maxSurge": "25%", "maxUnavailable": "10%"},
+        ),
+    ],
+)
+def test_the_rollout_strategy_is_the_specs(make_spec, rollout, expected):
+    isvc = make_spec(resources={"gpus": 8}, rollout=rollout)
+    deployment = build_deployment(isvc)
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": expected}
+    k8s_validate(deployment)
 
 
 def test_cpu_bundled_deployment_is_exactly_this(make_spec):

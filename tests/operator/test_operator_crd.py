@@ -236,6 +236,7 @@ def test_cel_rules_reject_what_the_schema_alone_allows(crd_validator):
         "scaling": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
         "flags": {"runtime": {"extraArgs": ["--host=1.2.3.4"]}},
         "kv": {"autoscaling": {"metrics": [{"type": "kvTokenUsage", "target": 2}]}},
+        "rollout": {"rollout": {"maxSurge": 0, "maxUnavailable": 0}},
     }
     for case, spec in cross_field.items():
         obj = isvc_object(**spec)

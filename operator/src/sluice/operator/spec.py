@@ -148,6 +148,17 @@ class NetworkPolicy:
 
 
 @dataclass(frozen=True)
+class Rollout:
+    """The Deployment's RollingUpdate: pods (int) or a percentage ("25%") of the replicas.
+    The default never takes a serving pod down first but needs room for one more pod;
+    `max_surge=0, max_unavailable=1` fits a full GPU pool (one pod replaced in place at a
+    time). Never both 0."""
+
+    max_surge: int | str = c.DEFAULT_MAX_SURGE
+    max_unavailable: int | str = c.DEFAULT_MAX_UNAVAILABLE
+
+
+@dataclass(frozen=True)
 class PodOptions:
     """Pod-level settings copied to the runtime pods."""
 
@@ -189,6 +200,7 @@ class InferenceServiceSpec:
     image: str
     model: ModelSpec
     replicas: int = c.DEFAULT_REPLICAS
+    rollout: Rollout = Rollout()
     resources: Resources = Resources()
     runtime: RuntimeOptions = RuntimeOptions()
     autoscaling: Autoscaling = Autoscaling()
