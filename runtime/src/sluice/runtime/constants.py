@@ -46,6 +46,7 @@ FLAG_SCHEDULER_HEARTBEAT_TIMEOUT = "--scheduler-heartbeat-timeout"
 FLAG_WATCHDOG_TIMEOUT = "--watchdog-timeout"
 FLAG_MAX_QUEUED_REQUESTS = "--max-queued-requests"
 FLAG_REQUEST_TIMEOUT = "--request-timeout"
+FLAG_TORCH_THREADS = "--torch-threads"
 ENV_API_KEY = "SLUICE_API_KEY"
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")
