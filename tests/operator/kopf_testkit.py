@@ -216,6 +216,30 @@ def deployment_applies(cluster: Cluster, ns: str, name: str = "chat") -> int:
     )
 
 
+def fresh_reads(cluster: Cluster, ns: str, name: str = "chat") -> int:
+    """How often the operator read the InferenceService from the API server: once per
+    fresh reconcile (the first, a retry, the resync); the others read its watch cache."""
+    path = f"/namespaces/{ns}/inferenceservices/{name}"
+    return sum(
+        1
+        for r in cluster.requests()
+        if r["method"] == "GET"
+        and r["path"].endswith(path)
+        and r["user_agent"].startswith("sluice-operator")
+    )
+
+
+def wait_resynced(cluster: Cluster, ns: str, name: str = "chat") -> None:
+    """Until a whole fresh reconcile (the resync) has run since the call: the second one
+    to start has seen the first finish (a key is reconciled by one worker at a time)."""
+    start = fresh_reads(cluster, ns, name)
+    wait_for(
+        lambda: fresh_reads(cluster, ns, name) >= start + 2,
+        timeout=2 * RESYNC_S + WAIT_S,
+        what="a resync",
+    )
+
+
 def min_replicas_since(cluster: Cluster, ns: str, start: int) -> int:
     versions = cluster.history(*DEPLOYMENT, ns, "chat")[start:]
     return min(v["spec"].get("replicas", 1) for v in versions if v is not None)

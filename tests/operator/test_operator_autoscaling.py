@@ -10,11 +10,8 @@ from kopf_testkit import (
     HPA,
     HPA_MANAGER,
     ISVC,
-    RESYNC_S,
-    WAIT_S,
     condition,
     create,
-    deployment_applies,
     get,
     min_replicas_since,
     patch_spec,
@@ -22,6 +19,7 @@ from kopf_testkit import (
     report_replicas,
     report_rollout,
     status,
+    wait_resynced,
 )
 from operator_cluster import wait_for
 
@@ -49,9 +47,7 @@ def test_autoscaling_takes_over_and_gives_back_the_replicas_without_a_drop(clust
     cluster.patch(*DEPLOYMENT, ns, "chat", {"spec": {"replicas": 5}}, subresource="scale",
                   field_manager=HPA_MANAGER)  # fmt: skip
     assert replicas_owners(get(cluster, DEPLOYMENT, ns, "chat")) == {HPA_MANAGER}
-    applies = deployment_applies(cluster, ns)
-    wait_for(lambda: deployment_applies(cluster, ns) > applies, timeout=RESYNC_S + WAIT_S,
-             what="another reconcile")  # fmt: skip
+    wait_resynced(cluster, ns)  # a reconcile from a fresh read, after the scale's own
     assert get(cluster, DEPLOYMENT, ns, "chat")["spec"]["replicas"] == 5  # left to the HPA
     assert replicas_owners(get(cluster, DEPLOYMENT, ns, "chat")) == {HPA_MANAGER}
 
@@ -64,6 +60,18 @@ def test_autoscaling_takes_over_and_gives_back_the_replicas_without_a_drop(clust
     )
     assert min_replicas_since(cluster, ns, start) == 5  # starts from the HPA's last count
     assert get(cluster, ISVC, ns, "chat")["spec"]["replicas"] == 5  # and says so in the spec
+
+
+def test_autoscaling_turned_on_at_zero_replicas_starts_at_the_minimum(cluster, ns):
+    create(cluster, ns, "chat", replicas=0)
+    wait_for(lambda: get(cluster, DEPLOYMENT, ns, "chat"), what="the Deployment")
+    assert get(cluster, DEPLOYMENT, ns, "chat")["spec"]["replicas"] == 0
+
+    patch_spec(cluster, ns, "chat", {"autoscaling": {"enabled": True, "minReplicas": 2}})
+
+    wait_for(lambda: get(cluster, DEPLOYMENT, ns, "chat")["spec"]["replicas"] == 2,
+             what="the hand-over at minReplicas (an HPA never scales a target at 0)")  # fmt: skip
+    assert replicas_owners(get(cluster, DEPLOYMENT, ns, "chat")) == {HANDOVER}
 
 
 def test_a_new_autoscaled_service_starts_at_its_minimum(cluster, ns):

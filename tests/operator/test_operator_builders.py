@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from operator_testkit import IMAGE
+from operator_validators import k8s_validate
 
 from sluice.operator.builders import (
     build_deployment,
@@ -48,6 +49,51 @@ def probe(period: int, failures: int, path: str = "/health") -> dict:
         "timeoutSeconds": 5,
         "failureThreshold": failures,
     }
+
+
+@pytest.mark.parametrize(
+    ("resources", "threads"),
+    [
+        ({"cpu": "2"}, "2"),
+        ({"cpu": "500m"}, "1"),
+        ({"cpu": "2500m"}, "3"),  # rounded up: a pool narrower than the request idles a core
+        ({}, None),  # no request: torch's default
+        ({"cpu": "8", "gpus": 1}, None),  # a GPU pod: the model does not run on the CPU
+    ],
+)
+def test_cpu_pods_run_as_many_torch_threads_as_they_request(make_spec, resources, threads):
+    args = serve_args(make_spec(resources=resources), "/models/x")
+    if threads is None:
+        assert "--torch-threads" not in args
+    else:
+        assert args[args.index("--torch-threads") + 1] == threads
+
+
+def test_torch_threads_in_extra_args_win(make_spec):
+    isvc = make_spec(resources={"cpu": "2"}, runtime={"extraArgs": ["--torch-threads=4"]})
+    args = serve_args(isvc, "/models/x")
+    assert args.index("--torch-threads") < args.index("--torch-threads=4")  # the last one wins
+    from sluice.runtime.cli import build_parser  # the runtime's own parser is the oracle
+
+    assert build_parser().parse_args(["serve", *args]).torch_threads == 4
+
+
+@pytest.mark.parametrize(
+    ("rollout", "expected"),
+    [
+        ({}, {"maxSurge": 1, "maxUnavailable": 0}),  # never a serving pod down first
+        ({"maxSurge": 0, "maxUnavailable": 1}, {"maxSurge": 0, "maxUnavailable": 1}),
+        (
+            {"maxSurge": "25%", "maxUnavailable": "10%"},
+            {"maxSurge": "25%", "maxUnavailable": "10%"},
+        ),
+    ],
+)
+def test_the_rollout_strategy_is_the_specs(make_spec, rollout, expected):
+    isvc = make_spec(resources={"gpus": 8}, rollout=rollout)
+    deployment = build_deployment(isvc)
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": expected}
+    k8s_validate(deployment)
 
 
 def test_cpu_bundled_deployment_is_exactly_this(make_spec):
@@ -109,6 +155,8 @@ def test_cpu_bundled_deployment_is_exactly_this(make_spec):
                                 "1800",
                                 "--drain-timeout",
                                 "110",
+                                "--torch-threads",  # the 2 CPUs requested, not the node's
+                                "2",
                             ],
                             "ports": [{"name": "http", "containerPort": 30000, "protocol": "TCP"}],
                             "env": [

@@ -236,6 +236,7 @@ def test_cel_rules_reject_what_the_schema_alone_allows(crd_validator):
         "scaling": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
         "flags": {"runtime": {"extraArgs": ["--host=1.2.3.4"]}},
         "kv": {"autoscaling": {"metrics": [{"type": "kvTokenUsage", "target": 2}]}},
+        "rollout": {"rollout": {"maxSurge": 0, "maxUnavailable": 0}},
     }
     for case, spec in cross_field.items():
         obj = isvc_object(**spec)
@@ -338,3 +339,43 @@ def test_a_valid_object_with_every_field_passes(crd_validator):
 
     assert crd_validator.errors(obj) == []
     parse_spec("chat", "default", obj["spec"], default_image=IMAGE)
+
+
+def test_conditions_are_metav1_conditions(crd):
+    """The status conditions have metav1.Condition's fields, required ones and bounds
+    (kubectl, kstatus and Argo CD read them as such)."""
+    import json
+    import pathlib
+
+    import jsonschema
+    import kubernetes_validate
+
+    from sluice.operator.status import Observed, compute_status
+
+    schema_dir = pathlib.Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+    definitions = json.loads((schema_dir / "v1.30.0-local" / "_definitions.json").read_text())
+    metav1 = definitions["$defs"]["io.k8s.apimachinery.pkg.apis.meta.v1.Condition"]
+    status = version(crd)["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    item = status["conditions"]["items"]
+    assert item["required"] == metav1["required"]
+    assert set(item["properties"]) == set(metav1["properties"])
+    assert item["properties"]["lastTransitionTime"]["format"] == "date-time"
+    # what the operator writes fits, reasons and all
+    observed = Observed(name="chat", namespace="ml", generation=3, deployment=None)
+    written = compute_status(observed, previous={}, now="2026-01-01T00:00:00Z",
+                             cluster_domain="cluster.local")  # fmt: skip
+    assert written["conditions"]
+    for condition in written["conditions"]:
+        jsonschema.Draft4Validator(item).validate(condition)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(item).validate({"type": "Ready", "status": "True"})
+    with pytest.raises(jsonschema.ValidationError):
+        bad_reason = {**written["conditions"][0], "reason": "not a reason"}
+        jsonschema.Draft4Validator(item).validate(bad_reason)
+
+
+def test_names_do_not_collide_with_kserve(crd):
+    """KServe's InferenceService (serving.kserve.io) is `isvc`; ours is `sisvc`, in the
+    `sluice` category only (not `all`)."""
+    names = crd["spec"]["names"]
+    assert names["shortNames"] == ["sisvc"] and names["categories"] == ["sluice"]

@@ -4,6 +4,8 @@ reconcile, retried with back-off; deleted or edited children come back; blocked 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from kopf_testkit import (
     DEPLOYMENT,
@@ -20,7 +22,9 @@ from kopf_testkit import (
     deployment_applies,
     events,
     get,
+    report_replicas,
     status,
+    wait_resynced,
 )
 from operator_cluster import PODMONITOR_INFO, PODMONITOR_RESOURCE, wait_for
 from operator_testkit import IMAGE
@@ -227,3 +231,22 @@ def test_deleting_the_service_leaves_nothing_behind(cluster, ns):
     assert [r["path"].rsplit("/", 2)[-2] for r in deletes] == [
         "inferenceservices"
     ]  # GC did the rest
+
+
+def test_a_resync_of_an_unchanged_service_writes_nothing(cluster, ns):
+    create(cluster, ns, "chat", autoscaling={"enabled": True}, networkPolicy={"enabled": True})
+    wait_for(lambda: get(cluster, HPA, ns, "chat"), what="the HPA")
+    report_replicas(cluster, ns, "chat", replicas=1, available=1)
+    wait_for(lambda: status(cluster, ns, "chat").get("phase") == "Ready", what="Ready")
+    wait_resynced(cluster, ns)  # everything before is done
+
+    path = f"/namespaces/{ns}/inferenceservices/chat"
+    mark = len(cluster.requests())
+    wait_resynced(cluster, ns)
+    calls = [r for r in cluster.requests()[mark:] if r["user_agent"].startswith("sluice-operator")]
+    starts = [i for i, r in enumerate(calls) if r["method"] == "GET" and r["path"].endswith(path)]
+    one_resync = calls[starts[0] : starts[1]]  # a whole fresh reconcile, nothing else
+
+    assert [r for r in one_resync if r["method"] != "GET"] == []  # no apply, no status write
+    reads = sorted({r["path"].rsplit("/", 2)[-2] for r in one_resync})
+    print(f"\nAPI budget: one resync: {len(one_resync)} reads of {reads}", file=sys.__stdout__)

@@ -47,6 +47,23 @@ def test_turning_autoscaling_on_hands_the_current_count_over(make_spec):
     )
 
 
+def test_autoscaling_turned_on_at_zero_replicas_hands_over_the_minimum(make_spec):
+    dep = deployment(0, "sluice-operator", spec_replicas="0")
+    assert decide(make_spec(replicas=0, **ON), dep, hpa_exists=False) == ReplicasPlan(
+        None, handover=2
+    )  # the HPA never scales a target at 0
+    # a hand-over at 0 left by an older operator is raised too
+    stuck = deployment(0, HANDOVER, spec_replicas="0")
+    assert decide(make_spec(replicas=0, **ON), stuck, hpa_exists=True) == ReplicasPlan(
+        None, handover=2
+    )
+
+
+def test_a_count_handed_over_is_not_applied_again(make_spec):
+    dep = deployment(3, HANDOVER, spec_replicas="3")
+    assert decide(make_spec(replicas=3, **ON), dep, hpa_exists=True) == ReplicasPlan(None)
+
+
 def test_once_the_hpa_owns_the_count_the_operator_leaves_it(make_spec):
     dep = deployment(4, HPA)
     assert decide(make_spec(**ON), dep, hpa_exists=True) == ReplicasPlan(None)

@@ -2,7 +2,7 @@
 
 `plan` is pure (spec in, objects out). `apply_children` does the API calls: it refuses to
 take over an object of the same name that this InferenceService does not own, applies the
-wanted children with server-side apply, and deletes the optional children it owns but no
+wanted children with server-side apply (skipping those already as rendered: drift.py), and deletes the optional children it owns but no
 longer wants (HPA when autoscaling is off, PodMonitor when monitoring is off,
 NetworkPolicy when the policy is off, the router's objects when the router is off, the
 InferencePool when the pool is off). A child is known by its kind and name: the runtime's
@@ -42,6 +42,8 @@ from .builders import (
     build_workers_service,
 )
 from .builders.deployment import FROM_SPEC
+from .cache import CachedApi
+from .drift import stamped, up_to_date
 from .kube import (
     DEPLOYMENTS,
     HPAS,
@@ -53,7 +55,6 @@ from .kube import (
     SERVICEACCOUNTS,
     SERVICES,
     ApiError,
-    KubeApi,
     Resource,
     resource_of,
 )
@@ -192,15 +193,19 @@ class Applied:
 
 
 async def read_children(
-    api: KubeApi, the_plan: Plan, namespace: str
+    api: CachedApi, the_plan: Plan, namespace: str
 ) -> dict[Key, dict[str, Any] | None]:
-    """The current object of every child the plan applies or removes."""
-    children = [(resource_of(obj), key_of(obj)[1]) for obj in the_plan.apply]
-    children += list(the_plan.remove)
+    """The current object of every child the plan applies or removes. One to remove is
+    only ever ours (labelled, so watched): unknown to the cache means absent. One to apply
+    unknown to the cache is read (it may be someone else's, which the cache never sees)."""
     found: dict[Key, dict[str, Any] | None] = {}
-    for resource, name in children:
+    for obj in the_plan.apply:
+        resource, name = resource_of(obj), key_of(obj)[1]
         with optional_denials(resource):
             found[(resource.kind, name)] = await api.get(resource, namespace, name)
+    for resource, name in the_plan.remove:
+        with optional_denials(resource):
+            found[(resource.kind, name)] = await api.get_ours(resource, namespace, name)
     return found
 
 
@@ -219,7 +224,7 @@ class optional_denials:
 
 
 async def apply_children(
-    api: KubeApi,
+    api: CachedApi,
     the_plan: Plan,
     existing: Mapping[Key, Mapping[str, Any] | None],
     *,
@@ -231,11 +236,15 @@ async def apply_children(
     children = [dict(child) for child in the_plan.apply]
     kopf.adopt(children, owner=owner)  # type: ignore[arg-type]
     result = Applied()
-    for child in children:
+    for child in (stamped(child) for child in children):
         key = key_of(child)
+        current = existing.get(key)
+        if current is not None and owned_by(current, owner_uid) and up_to_date(child, current):
+            result.objects[key] = dict(current)  # as rendered already: no write
+            continue
         with optional_denials(resource_of(child)):
             result.objects[key] = await api.apply(child)
-        if existing.get(key) is None:
+        if current is None:
             result.created.append(key)
     for resource, name in the_plan.remove:
         current = existing.get((resource.kind, name))

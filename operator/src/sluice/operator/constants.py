@@ -23,8 +23,12 @@ FIELD_MANAGER = "sluice-operator"
 HANDOVER_FIELD_MANAGER = "sluice-operator-replicas-handover"
 MANAGER_LABEL_VALUE = "sluice-operator"
 ANNOTATION_PREFIX = GROUP
+DEFAULT_MAX_SURGE = 1  # spec.rollout: surge one pod, never take a serving pod down first
+DEFAULT_MAX_UNAVAILABLE = 0
 # on the Deployment: the InferenceService's spec.replicas when the Deployment was last applied
 ANNOTATION_SPEC_REPLICAS = f"{GROUP}/spec-replicas"
+# on every child: the hash of the object as rendered, so an unchanged one is not applied
+ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"
 EVENT_SOURCE = "sluice-operator"
 
 # --- labels every child carries ------------------------------------------------------------

@@ -8,9 +8,14 @@ resync in lockstep); after a failure, after an exponential back-off (retry delay
 per consecutive failure, capped). A deleted object leaves the queue.
 
 Triggers (handlers.py): an InferenceService that is new or whose generation (its spec)
-differs from the one last reconciled, and any event of a child or pod that names one as its
-owner. Metadata and status changes of an InferenceService (our own status writes among
-them) wait for the resync.
+differs from the one last reconciled, and any event of a child, ReplicaSet or pod that
+names one as its owner and changes what a reconcile reads (cache.relevant_view).
+Metadata and status changes of an InferenceService (our own status writes among them)
+wait for the resync.
+
+A reconcile reads the watch cache (cache.py), except a fresh one, which reads the API
+server: the first of a key, a retry after a failure, and at least once per resync period
+(the resync itself), so a missed watch event is healed within one resync.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Controller:
         )
         self._workers: list[asyncio.Task[None]] = []
         self._generations: dict[Key, int] = {}  # the generation last reconciled
+        self._fresh_at: dict[Key, float] = {}  # when a reconcile last read everything fresh
 
     @property
     def running(self) -> bool:
@@ -65,6 +71,7 @@ class Controller:
         if event_type == "DELETED":
             self.queue.discard(key)
             self._generations.pop(key, None)
+            self._fresh_at.pop(key, None)
             return
         if event_type == "MODIFIED" and meta.get("generation") == self._generations.get(key):
             return  # metadata or status only (our own status writes): nothing to converge
@@ -78,6 +85,17 @@ class Controller:
             finally:
                 self.queue.done(key)
 
+    def _fresh(self, key: Key) -> bool:
+        """Read everything from the API server (not the watch cache): the first reconcile
+        of a key, a retry after a failure, and at least once per resync period."""
+        now = asyncio.get_running_loop().time()
+        last = self._fresh_at.get(key)
+        due = self.ctx.settings.resync_seconds * (1 - RESYNC_JITTER)
+        if last is None or self.queue.failures(key) > 0 or now - last >= due:
+            self._fresh_at[key] = now
+            return True
+        return False
+
     async def _run(self, key: Key) -> None:
         where = f"{key[0]}/{key[1]}"
         try:
@@ -85,6 +103,7 @@ class Controller:
                 key,
                 self.ctx,
                 seen=lambda generation: self._generations.__setitem__(key, generation),
+                fresh=self._fresh(key),
             )
         except StatusConflict:
             logger.info(f"[{where}] changed while reconciling; again")
@@ -103,6 +122,7 @@ class Controller:
         if outcome.gone:
             self.queue.discard(key)
             self._generations.pop(key, None)
+            self._fresh_at.pop(key, None)
         elif outcome.retry:
             delay = self.queue.add_rate_limited(key)
             logger.info(f"[{where}] not converged; retrying in {delay:.1f}s")

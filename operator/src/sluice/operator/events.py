@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import constants as c
-from .kube import EVENTS, ApiError, KubeApi
+from .cache import CachedApi
+from .kube import EVENTS, ApiError
 
 logger = logging.getLogger("sluice.operator")
 
@@ -51,7 +52,7 @@ def event_object(
 
 
 async def post_event(
-    api: KubeApi, owner: Mapping[str, Any], type_: str, reason: str, message: str, now: str
+    api: CachedApi, owner: Mapping[str, Any], type_: str, reason: str, message: str, now: str
 ) -> None:
     event = event_object(owner, type_, reason, message, now)
     try:

@@ -24,6 +24,7 @@ import kopf
 
 from . import constants as c
 from .auth import login
+from .cache import Cache
 from .children import controller_of
 from .controller import Controller
 from .kube import KubeApi
@@ -51,12 +52,13 @@ OPTIONAL_CHILD_KINDS = {
 }
 CHILD_KINDS = (*REQUIRED_CHILD_KINDS, *OPTIONAL_CHILD_KINDS.values())
 PODS = ("", "v1", "pods")
+REPLICASETS = ("apps", "v1", "replicasets")  # the rollout's readiness (status.py)
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings) -> None:
     # Events are posted by the reconcile (Created, Deleted, condition transitions).
     kopf_settings.posting.loggers = False
-    for kind in (*CHILD_KINDS, PODS):
+    for kind in (*CHILD_KINDS, PODS, REPLICASETS):
         kopf_settings.watching.label_selectors[kind] = MANAGED_SELECTOR
 
 
@@ -68,7 +70,8 @@ async def startup(
     memo["settings"] = ours
     api = KubeApi(timeout=ours.api_timeout_seconds)
     memo["api"] = api
-    memo["controller"] = Controller(Context.create(ours, api))
+    cache = memo["cache"] = Cache()
+    memo["controller"] = Controller(Context.create(ours, api, cache))
     configure_kopf(settings)
     watch_optional_kinds(kopf.get_default_registry(), ours)
     logger.info(
@@ -101,16 +104,24 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 async def inferenceservice_event(
     type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
+    memo["cache"].observe(type, dict(body))
     memo["controller"].on_inferenceservice_event(type, body)
 
 
-async def child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def child_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A child changed: reconcile its owner, unless nothing a reconcile reads changed (the
+    HPA's metrics, our own no-op echoes: cache.relevant_view)."""
+    if not memo["cache"].observe(type, dict(body)):
+        return
     owner = controller_of(body)
     if owner is not None:
         memo["controller"].enqueue((body["metadata"]["namespace"], owner[0]))
 
 
-async def pod_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A pod or ReplicaSet of a service changed: reconcile the service (its status)."""
+    if not memo["cache"].observe(type, dict(body)):
+        return
     instance = (body.get("metadata") or {}).get("labels", {}).get(c.LABEL_INSTANCE)
     if instance:
         memo["controller"].enqueue((body["metadata"]["namespace"], instance))
@@ -139,3 +150,4 @@ def watch_optional_kinds(registry: kopf.OperatorRegistry, settings: Settings) ->
 for _kind in REQUIRED_CHILD_KINDS:
     kopf.on.event(*_kind, labels=MANAGED, id=f"{_kind[2]}-event")(child_event)
 kopf.on.event(*PODS, labels=MANAGED, id="pods-event")(pod_event)
+kopf.on.event(*REPLICASETS, labels=MANAGED, id="replicasets-event")(pod_event)

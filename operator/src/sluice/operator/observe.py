@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import constants as c
-from .kube import PODS, REPLICASETS, KubeApi
+from .cache import CachedApi
+from .kube import PODS, REPLICASETS
 
 
 def _template_without_hash(template: Mapping[str, Any]) -> dict[str, Any]:
@@ -40,7 +41,7 @@ def current_replica_set(
 
 
 async def read_pods(
-    api: KubeApi, deployment: Mapping[str, Any], selector: Mapping[str, str]
+    api: CachedApi, deployment: Mapping[str, Any], selector: Mapping[str, str]
 ) -> tuple[Mapping[str, Any] | None, tuple[Mapping[str, Any], ...]]:
     """(current ReplicaSet, its pods) of a Deployment whose pods carry the labels
     `selector`; (None, ()) before the controller made it."""

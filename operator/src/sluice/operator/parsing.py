@@ -29,6 +29,7 @@ from .spec import (
     InferenceServiceSpec,
     MetricTarget,
     Resources,
+    Rollout,
     RuntimeOptions,
     ScalingPolicy,
     ScalingRules,
@@ -70,6 +71,7 @@ SPEC_FIELDS = (
     "model",
     "image",
     "replicas",
+    "rollout",
     "resources",
     "runtime",
     "autoscaling",
@@ -125,6 +127,7 @@ def parse_spec(
         minimum=0,
         maximum=c.MAX_REPLICAS,
     )
+    rollout = _rollout(r, spec)
     resources = _resources(r, spec)
     runtime = _runtime(r, spec, resources)
     autoscaling = _autoscaling(r, spec)
@@ -160,6 +163,7 @@ def parse_spec(
         image=image,
         model=model,
         replicas=replicas,
+        rollout=rollout,
         resources=resources,
         runtime=runtime,
         autoscaling=autoscaling,
@@ -172,6 +176,36 @@ def parse_spec(
         router=router,
         inference_pool=inference_pool,
     )
+
+
+PERCENT = re.compile(r"^(100|[1-9]?[0-9])%$")
+
+
+def _rollout(r: Reader, spec: Mapping[str, Any]) -> Rollout:
+    p = "spec.rollout"
+    rollout = r.mapping(spec, "rollout", p)
+    r.known(rollout, ("maxSurge", "maxUnavailable"), p)
+    values: dict[str, int | str] = {}
+    for key, default in (
+        ("maxSurge", c.DEFAULT_MAX_SURGE),
+        ("maxUnavailable", c.DEFAULT_MAX_UNAVAILABLE),
+    ):
+        value = rollout.get(key, default)
+        if isinstance(value, bool) or not (
+            (isinstance(value, int) and value >= 0)
+            or (isinstance(value, str) and PERCENT.match(value))
+        ):
+            r.fail(
+                f"{p}.{key}",
+                f'must be a number of pods (0 or more) or a percentage such as "25%", got {value!r}',
+            )
+            value = default
+        values[key] = value
+    if all(str(v) in ("0", "0%") for v in values.values()):
+        r.fail(
+            p, "maxSurge and maxUnavailable must not both be 0 (the rollout could never progress)"
+        )
+    return Rollout(max_surge=values["maxSurge"], max_unavailable=values["maxUnavailable"])
 
 
 def _resources(r: Reader, spec: Mapping[str, Any]) -> Resources:

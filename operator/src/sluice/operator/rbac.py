@@ -73,10 +73,11 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "apps",
         "replicasets",
-        ("list",),
+        ("list", "watch"),
         "workload",
         "always",
-        "the ReplicaSet of the Deployment's current template (readiness of the new version)",
+        "the ReplicaSet of the Deployment's current template (readiness of the new version),"
+        " watched into the operator's cache",
     ),
     Permission(
         "",

@@ -32,6 +32,7 @@ import kopf
 
 from . import constants as c
 from .builders.common import router_selector_labels, selector_labels
+from .cache import Cache, CachedApi
 from .children import (
     Applied,
     Blocked,
@@ -88,17 +89,29 @@ def utc_now() -> str:
 
 @dataclass(frozen=True)
 class Context:
-    """What a reconcile needs besides the key: configuration, API access, the optional
-    APIs' state, a clock."""
+    """What a reconcile needs besides the key: configuration, API access (through the
+    watch cache: cache.py), the optional APIs' state, a clock."""
 
     settings: Settings
-    api: KubeApi
+    api: CachedApi
     optional: OptionalApis
     clock: Clock = utc_now
 
     @classmethod
-    def create(cls, settings: Settings, api: KubeApi) -> Context:
-        return cls(settings=settings, api=api, optional=OptionalApis(api, settings))
+    def create(cls, settings: Settings, api: KubeApi, cache: Cache) -> Context:
+        return cls(
+            settings=settings,
+            api=CachedApi(api, cache, fresh=True),
+            optional=OptionalApis(api, settings),
+        )
+
+    @property
+    def cache(self) -> Cache:
+        return self.api.cache
+
+    def reading(self, *, fresh: bool) -> Context:
+        """This context for one reconcile: reads from the cache, or `fresh` ones."""
+        return dataclasses.replace(self, api=CachedApi(self.api.api, self.cache, fresh=fresh))
 
 
 @dataclass(frozen=True)
@@ -141,10 +154,17 @@ def read_spec(body: Mapping[str, Any], settings: Settings) -> InferenceServiceSp
 
 
 async def reconcile(
-    key: tuple[str, str], ctx: Context, seen: Callable[[int], None] | None = None
+    key: tuple[str, str],
+    ctx: Context,
+    seen: Callable[[int], None] | None = None,
+    *,
+    fresh: bool = True,
 ) -> Outcome:
-    """`seen(generation)` is told which generation this run converges, as soon as it is read."""
+    """`seen(generation)` is told which generation this run converges, as soon as it is
+    read. `fresh`: read everything from the API server (the resync, a retry), not from
+    the watch cache."""
     namespace, name = key
+    ctx = ctx.reading(fresh=fresh)
     body = await ctx.api.get(INFERENCESERVICES, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return GONE  # garbage collection removes the children
@@ -310,7 +330,7 @@ def router_serves(router: Mapping[str, Any]) -> bool:
 
 
 async def _observe_router(
-    api: KubeApi, isvc: InferenceServiceSpec, applied: Applied, routed: bool
+    api: CachedApi, isvc: InferenceServiceSpec, applied: Applied, routed: bool
 ) -> RouterObserved | None:
     if not isvc.router.enabled:
         return None
@@ -346,7 +366,7 @@ def failed_observation(
     )
 
 
-async def _owned(api: KubeApi, body: Mapping[str, Any]) -> dict[str, Any] | None:
+async def _owned(api: CachedApi, body: Mapping[str, Any]) -> dict[str, Any] | None:
     meta = body["metadata"]
     deployment = await api.get(DEPLOYMENTS, meta["namespace"], meta["name"])
     if deployment is None or not owned_by(deployment, meta["uid"]):
@@ -355,7 +375,7 @@ async def _owned(api: KubeApi, body: Mapping[str, Any]) -> dict[str, Any] | None
 
 
 async def _keeps_pods(
-    api: KubeApi, wanted: Plan, current: Mapping[str, Any], owner: Mapping[str, Any]
+    api: CachedApi, wanted: Plan, current: Mapping[str, Any], owner: Mapping[str, Any]
 ) -> bool:
     """Whether applying the planned Deployment leaves its pod template as it is (a dry
     run: the API server answers with the object as it would store it, defaults and all,
@@ -377,7 +397,7 @@ def _podmonitors_wanted(ctx: Context, state: OptionalState) -> bool | None:
     return ctx.settings.pod_monitors == "auto"
 
 
-async def _hand_over(api: KubeApi, namespace: str, name: str, replicas: int | None) -> None:
+async def _hand_over(api: CachedApi, namespace: str, name: str, replicas: int | None) -> None:
     """Co-own spec.replicas under the hand-over manager (None: release it); a conflict
     means the HPA has already taken the field, which is what the hand-over waits for."""
     try:

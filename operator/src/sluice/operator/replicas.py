@@ -7,8 +7,10 @@ applied Deployment would kill all but one loaded pod before the HPA scales back 
 hand-over is the documented one
 (https://kubernetes.io/docs/reference/using-api/server-side-apply/#transferring-ownership):
 
-- on: apply the current count under a second field manager (`HANDOVER_FIELD_MANAGER`,
-  not forced: a conflict means the HPA owns the field already), then apply the
+- on: apply the current count (at least `minReplicas`: an HPA never scales a target at
+  0, so `replicas: 0` turned autoscaled would stay at 0 forever) under a second field
+  manager (`HANDOVER_FIELD_MANAGER`, not forced: a conflict means the HPA owns the field
+  already), then apply the
   Deployment without `replicas`; the field stays, co-owned by the hand-over manager, until
   the HPA writes it and becomes its owner (the hand-over manager then owns nothing and
   disappears). A Deployment created under autoscaling starts with `replicas` clamped to
@@ -71,7 +73,11 @@ def decide(
     if isvc.autoscaling.enabled:
         if owners - ours:  # the HPA (or someone) owns it: nothing to hand over
             return ReplicasPlan(None)
-        return ReplicasPlan(None, handover=current)
+        # an HPA never scales a target at 0 replicas: hand over at least minReplicas
+        start = max(current, isvc.autoscaling.min_replicas)
+        if c.HANDOVER_FIELD_MANAGER in owners and current == start:
+            return ReplicasPlan(None)  # handed over already, the HPA has not written yet
+        return ReplicasPlan(None, handover=start)
     release = c.HANDOVER_FIELD_MANAGER in owners
     if not (hpa_exists or release) or current == isvc.replicas:
         return ReplicasPlan(isvc.replicas, release_handover=release)

@@ -6,6 +6,7 @@ and the status take them as given.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,24 @@ class ModelSpec:
         return None
 
 
+_SUFFIXES = {"m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+             "E": 1e18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+             "Ei": 2**60}  # fmt: skip
+
+
+def quantity_value(text: str) -> float | None:
+    """The number a Kubernetes quantity stands for ("500m" → 0.5, "2" → 2.0, "1Ki" →
+    1024.0); None if it is not one."""
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    suffix = text[len(number) :]
+    if suffix not in _SUFFIXES:
+        return None
+    try:
+        return float(number) * _SUFFIXES[suffix]
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class Resources:
     gpus: int = 0
@@ -91,6 +110,13 @@ class Resources:
     @property
     def device(self) -> str:
         return "cuda" if self.gpus > 0 else "cpu"
+
+    @property
+    def cpu_threads(self) -> int | None:
+        """Threads the CPU request pays for (rounded up), None without a request: torch's
+        default is one thread per core of the node, whatever the pod may use."""
+        cores = quantity_value(self.cpu) if self.cpu else None
+        return None if cores is None else max(1, math.ceil(cores))
 
 
 @dataclass(frozen=True)
@@ -168,6 +194,17 @@ class NetworkPolicy:
 
 
 @dataclass(frozen=True)
+class Rollout:
+    """The Deployment's RollingUpdate: pods (int) or a percentage ("25%") of the replicas.
+    The default never takes a serving pod down first but needs room for one more pod;
+    `max_surge=0, max_unavailable=1` fits a full GPU pool (one pod replaced in place at a
+    time). Never both 0."""
+
+    max_surge: int | str = c.DEFAULT_MAX_SURGE
+    max_unavailable: int | str = c.DEFAULT_MAX_UNAVAILABLE
+
+
+@dataclass(frozen=True)
 class PodOptions:
     """Pod-level settings copied to the runtime pods."""
 
@@ -209,6 +246,7 @@ class InferenceServiceSpec:
     image: str
     model: ModelSpec
     replicas: int = c.DEFAULT_REPLICAS
+    rollout: Rollout = Rollout()
     resources: Resources = Resources()
     runtime: RuntimeOptions = RuntimeOptions()
     autoscaling: Autoscaling = Autoscaling()

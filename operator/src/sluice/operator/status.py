@@ -216,9 +216,9 @@ def degraded_condition(
     if rollout is not None and rollout.failure_reason:
         message = rollout.failure_message or rollout.failure_reason
         return Condition(kind, True, rollout.failure_reason, message)
-    hpa_problem = _hpa_problem(hpa)
-    if hpa_problem is not None:
-        return Condition(kind, True, *hpa_problem)
+    scaling = hpa_problem(hpa)
+    if scaling is not None:
+        return Condition(kind, True, *scaling)
     return Condition(kind, False, "AsExpected", "")
 
 
@@ -288,7 +288,8 @@ def derive_phase(
     return c.PHASE_PENDING
 
 
-def _hpa_problem(hpa: Mapping[str, Any] | None) -> tuple[str, str] | None:
+def hpa_problem(hpa: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """(reason, message) when the HPA cannot scale; all of its status the operator reads."""
     if hpa is None:
         return None
     conditions = {

@@ -60,6 +60,7 @@ FLAG_LORA_MODULES = "--lora-modules"
 FLAG_MAX_LORAS = "--max-loras"
 FLAG_MAX_LORA_RANK = "--max-lora-rank"
 FLAG_MAX_CPU_LORAS = "--max-cpu-loras"
+FLAG_TORCH_THREADS = "--torch-threads"
 ENV_API_KEY = "SLUICE_API_KEY"
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")

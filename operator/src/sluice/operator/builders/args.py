@@ -48,6 +48,11 @@ def serve_args(isvc: InferenceServiceSpec, model_argument: str) -> list[str]:
             args += [flag, str(value)]
     if not rt.overlap_schedule:
         args.append(rc.FLAG_DISABLE_OVERLAP_SCHEDULE)
+    threads = isvc.resources.cpu_threads
+    if isvc.resources.device == "cpu" and threads is not None:
+        # torch would run one thread per core of the node; the pod pays for `cpu` cores
+        # (a flag in extraArgs, later on the line, wins)
+        args += [rc.FLAG_TORCH_THREADS, str(threads)]
     if isvc.inference_pool.enabled:  # the endpoint picker reads vLLM's metric names
         args += [rc.FLAG_METRICS_COMPAT, c.METRICS_COMPAT_VLLM]
     lora = isvc.model.lora

@@ -3,8 +3,9 @@
 Choices a reviewer should know about:
 - `spec.replicas` is what the caller decides (replicas.py: the HPA owns it while
   autoscaling, handed over without a drop to the default of 1).
-- Rolling updates surge one pod and never take a serving pod down first (maxSurge 1,
-  maxUnavailable 0): zero downtime, at the cost of needing room for one extra pod.
+- Rolling updates follow `spec.rollout`; by default they surge one pod and never take a
+  serving pod down first (maxSurge 1, maxUnavailable 0): zero downtime, at the cost of
+  needing room for one extra pod (on a full GPU pool: maxSurge 0, maxUnavailable 1).
 - Probes: startup and readiness on `/health` (503 while loading and draining), the
   startup probe allowing `startupTimeoutSeconds` (the runtime's own `--startup-timeout`
   is the same); liveness on `/health/live`, which fails only when the scheduler is hung.
@@ -59,7 +60,10 @@ def build_deployment(
         "selector": {"matchLabels": selector_labels(isvc.name)},
         "strategy": {
             "type": "RollingUpdate",
-            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            "rollingUpdate": {
+                "maxSurge": isvc.rollout.max_surge,
+                "maxUnavailable": isvc.rollout.max_unavailable,
+            },
         },
         "revisionHistoryLimit": 3,
         "progressDeadlineSeconds": isvc.startup_timeout_seconds

@@ -1,0 +1,181 @@
+"""The operator's API budget, counted request by request on the emulator (the figures are
+in operator/README.md; run with `-s` to print them).
+
+- a status-only child event (the HPA writing its metrics) costs nothing: no write, no read;
+- a Deployment status event costs the one status write it causes, and no read;
+- 50 autoscaled services whose HPAs keep writing metrics cost well under 0.1 requests/s
+  each (the resync, once per SLUICE_RESYNC_SECONDS, is the only steady cost).
+
+The operator here resyncs every 300 s (the default), so every request in a window is
+caused by the events of that window."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+from kopf_testkit import (
+    DEPLOYMENT,
+    HPA,
+    HPA_MANAGER,
+    OPERATOR_AGENTS,
+    WAIT_S,
+    condition,
+    create,
+    get,
+    report_replicas,
+    status,
+)
+from operator_cluster import wait_for
+
+OPERATOR_ENV = {"SLUICE_RESYNC_SECONDS": "300"}
+AUTOSCALED = {"enabled": True, "minReplicas": 1, "maxReplicas": 6}
+
+
+def operator_calls(cluster, since: int) -> list[dict]:
+    """The operator's requests after the `since`-th one, its watch streams left out."""
+    return [
+        r for r in cluster.requests()[since:]
+        if r["user_agent"].startswith(OPERATOR_AGENTS) and r["params"].get("watch") != "true"
+    ]  # fmt: skip
+
+
+def summary(calls: list[dict]) -> dict[str, int]:
+    reads = sum(1 for r in calls if r["method"] == "GET")
+    status_writes = sum(1 for r in calls if r["path"].endswith("/status"))
+    events = sum(1 for r in calls if r["method"] == "POST" and r["path"].endswith("/events"))
+    return {
+        "requests": len(calls),
+        "reads": reads,
+        "child writes": len(calls) - reads - status_writes - events,
+        "status writes": status_writes,
+        "events": events,
+    }
+
+
+def report(what: str, figures: dict[str, object]) -> None:
+    """Print the figures (to the real stdout: the Kopf runner swaps sys.stdout)."""
+    line = f"API budget: {what}: " + ", ".join(f"{k} {v}" for k, v in figures.items())
+    print("\n" + line, file=sys.__stdout__, flush=True)
+
+
+def hpa_metrics(cluster, ns: str, name: str, value: int, *, able: bool = True) -> None:
+    """Act as the HPA controller writing its status (every 15 s on a real cluster)."""
+    conditions = [
+        {"type": "AbleToScale", "status": "True" if able else "False",
+         "reason": "ReadyForNewScale" if able else "FailedGetScale",
+         "message": "recommended size matches current size" if able else "scale denied",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        {"type": "ScalingActive", "status": "True", "reason": "ValidMetricFound",
+         "message": "the HPA was able to compute the replica count",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"},
+    ]  # fmt: skip
+    cluster.patch(
+        *HPA,
+        ns,
+        name,
+        {
+            "status": {
+                "currentReplicas": 1,
+                "desiredReplicas": 1,
+                "currentMetrics": [
+                    {
+                        "type": "Pods",
+                        "pods": {
+                            "metric": {"name": "sluice_queue_requests"},
+                            "current": {"averageValue": str(value)},
+                        },
+                    }
+                ],
+                "conditions": conditions,
+            }
+        },
+        subresource="status",
+        field_manager=HPA_MANAGER,
+    )
+
+
+def serving(cluster, ns: str, name: str) -> None:
+    """Create an autoscaled service and bring it to Ready, as the cluster's controllers."""
+    create(cluster, ns, name, autoscaling=AUTOSCALED)
+    wait_for(lambda: get(cluster, HPA, ns, name), what=f"the HPA of {name}")
+    report_replicas(cluster, ns, name, replicas=1, available=1)
+    hpa_metrics(cluster, ns, name, 0)
+
+
+def test_status_only_hpa_writes_cost_no_request(cluster, ns):
+    serving(cluster, ns, "chat")
+    hpa_metrics(cluster, ns, "chat", 0, able=False)  # the status shows it: a barrier
+    wait_for(lambda: condition(cluster, ns, "chat", "Degraded").get("status") == "True",
+             what="the HPA problem in the status")  # fmt: skip
+    mark = len(cluster.requests())
+
+    for value in range(1, 6):  # five status-only writes: the metric moves
+        hpa_metrics(cluster, ns, "chat", value, able=False)
+    hpa_metrics(cluster, ns, "chat", 6)  # then one the status shows: the problem is gone
+    wait_for(lambda: condition(cluster, ns, "chat", "Degraded").get("status") == "False",
+             what="the HPA problem gone from the status")  # fmt: skip
+
+    figures = summary(operator_calls(cluster, mark))
+    report("five status-only HPA writes, then one that clears an HPA problem", figures)
+    # all of it is the last one's: one status write
+    assert figures == {"requests": 1, "reads": 0, "child writes": 0, "status writes": 1,
+                       "events": 0}  # fmt: skip
+
+
+def test_a_deployment_status_event_costs_one_status_write(cluster, ns):
+    serving(cluster, ns, "chat")
+    cluster.patch(
+        *DEPLOYMENT,
+        ns,
+        "chat",
+        {"spec": {"replicas": 3}},
+        subresource="scale",
+        field_manager=HPA_MANAGER,
+    )  # fmt: skip  the HPA scales up
+    report_replicas(cluster, ns, "chat", replicas=3, available=2)
+    wait_for(lambda: status(cluster, ns, "chat").get("readyReplicas") == 2, what="2 ready")
+    mark = len(cluster.requests())
+
+    # the Deployment controller counts the third pod ready
+    cluster.patch(*DEPLOYMENT, ns, "chat", {"status": {"readyReplicas": 3}}, subresource="status")
+    wait_for(lambda: status(cluster, ns, "chat").get("readyReplicas") == 3, what="3 ready")
+
+    figures = summary(operator_calls(cluster, mark))
+    report("a Deployment status event", figures)
+    assert figures == {"requests": 1, "reads": 0, "child writes": 0, "status writes": 1,
+                       "events": 0}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_fifty_autoscaled_services_under_changing_metrics_stay_within_budget(cluster, ns):
+    names = [f"svc-{i:02d}" for i in range(50)]
+    for name in names:
+        create(cluster, ns, name, autoscaling=AUTOSCALED)
+    for name in names:
+        wait_for(lambda n=name: status(cluster, ns, n).get("observedGeneration") == 1
+                 and get(cluster, HPA, ns, n), timeout=WAIT_S, what=f"{name} reconciled")  # fmt: skip
+    last = names[-1]
+    hpa_metrics(cluster, ns, last, 0, able=False)  # a barrier, as above
+    wait_for(lambda: condition(cluster, ns, last, "Degraded").get("status") == "True",
+             timeout=3 * WAIT_S, what="the last service's HPA problem")  # fmt: skip
+    mark, started = len(cluster.requests()), time.monotonic()
+
+    for value in range(1, 3):  # two rounds of metrics for every service
+        for name in names:
+            hpa_metrics(cluster, ns, name, value, able=name != last)
+    hpa_metrics(cluster, ns, last, 9)
+    wait_for(lambda: condition(cluster, ns, last, "Degraded").get("status") == "False",
+             timeout=3 * WAIT_S, what="the last service's HPA problem gone")  # fmt: skip
+    seconds = time.monotonic() - started
+
+    figures = summary(operator_calls(cluster, mark))
+    rate = figures["requests"] / len(names) / seconds
+    report(
+        f"50 services, 100 HPA metric writes in {seconds:.1f}s, then one that clears a problem",
+        {**figures, "requests/s per service": f"{rate:.4f}"},
+    )
+    assert figures == {"requests": 1, "reads": 0, "child writes": 0, "status writes": 1,
+                       "events": 0}  # fmt: skip
+    assert rate <= 0.1
