@@ -1,0 +1,715 @@
+"""A local Kubernetes control plane on 127.0.0.1 (issue 24): etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, kwok (fake nodes and pods: no containers run) and a
+custom/external metrics API server, with their own certificates and an admin kubeconfig.
+
+    python scripts/local_cluster.py up   [--dir DIR]   # start in the background, print `export KUBECONFIG=...`
+    python scripts/local_cluster.py down [--dir DIR]   # stop every process it started
+
+The test tier (`tests/cluster/`) starts the same `ControlPlane` in-process for a session.
+Every listener is bound to 127.0.0.1; the binaries come from `scripts/build_control_plane.sh`
+(`make cluster-bin`). Fake nodes: two CPU nodes and two GPU nodes with `nvidia.com/gpu: 2`
+allocatable each (GPU nodes are labelled `nvidia.com/gpu.present=true` and tainted
+`nvidia.com/gpu:NoSchedule`, as GPU node pools usually are).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT = REPO / "scripts" / "build_control_plane.sh"
+KWOK_STAGES = REPO / "tools" / "k8s" / "kwok" / "stages.yaml"
+HOST = "127.0.0.1"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+GPU_RESOURCE = "nvidia.com/gpu"
+METRICS_NAMESPACE = "kube-system"
+METRICS_SERVICE = "sluice-metrics-adapter"
+# the controller manager's HPA loop: seconds, not the default 15 s, so HPA tests are short
+HPA_SYNC_PERIOD = "2s"
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "metrics-adapter",
+)
+
+
+class ControlPlaneError(RuntimeError):
+    """A component did not start or did not become ready in time (with its log's tail)."""
+
+
+@dataclass(frozen=True)
+class FakeNode:
+    name: str
+    cpu: str = "32"
+    memory: str = "128Gi"
+    gpus: int = 0
+
+    def manifest(self) -> dict[str, Any]:
+        resources = {
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "ephemeral-storage": "500Gi",
+            "pods": "110",
+        }
+        labels = {"type": "kwok", "kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux"}
+        taints: list[dict[str, str]] = []
+        if self.gpus:
+            resources[GPU_RESOURCE] = str(self.gpus)
+            labels[f"{GPU_RESOURCE}.present"] = "true"
+            taints.append({"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"})
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                "labels": labels,
+                "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+            },
+            "spec": {"taints": taints},
+            "status": {"capacity": resources, "allocatable": resources},
+        }
+
+
+DEFAULT_NODES = (
+    FakeNode("cpu-node-1"),
+    FakeNode("cpu-node-2"),
+    FakeNode("gpu-node-1", cpu="32", memory="256Gi", gpus=2),
+    FakeNode("gpu-node-2", cpu="32", memory="256Gi", gpus=2),
+)
+
+
+def bin_dir() -> Path:
+    out = subprocess.run(
+        [str(BUILD_SCRIPT), "--print-bin"], check=True, capture_output=True, text=True
+    )
+    return Path(out.stdout.strip())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+# ----------------------------------------------------------------------------- certificates
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _make_ca(pki: Path, name: str, cn: str) -> None:
+    _openssl("genrsa", "-out", f"{name}.key", "2048", cwd=pki)
+    _openssl(
+        "req", "-x509", "-new", "-nodes", "-key", f"{name}.key", "-sha256", "-days", "3650",
+        "-subj", f"/CN={cn}", "-out", f"{name}.crt", cwd=pki,
+    )  # fmt: skip
+
+
+def _make_cert(
+    pki: Path, name: str, ca: str, subject: str, sans: Sequence[str] = (), server: bool = False
+) -> None:
+    _openssl("genrsa", "-out", f"{name}.key", "2048", cwd=pki)
+    _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=pki)
+    usage = "serverAuth" if server else "clientAuth"
+    ext = [
+        "basicConstraints=CA:FALSE",
+        "keyUsage=critical,digitalSignature,keyEncipherment",
+        f"extendedKeyUsage={usage}",
+    ]
+    if sans:
+        ext.append("subjectAltName=" + ",".join(sans))
+    (pki / f"{name}.ext").write_text("\n".join(ext) + "\n")
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+        "-CAcreateserial", "-days", "3650", "-sha256", "-extfile", f"{name}.ext",
+        "-out", f"{name}.crt", cwd=pki,
+    )  # fmt: skip
+
+
+def make_pki(pki: Path) -> None:
+    """A cluster CA (API server serving cert, admin client cert), a front-proxy CA for the
+    aggregation layer, a metrics-adapter serving cert and the service-account key pair."""
+    pki.mkdir(parents=True, exist_ok=True)
+    _make_ca(pki, "ca", "sluice-local-ca")
+    _make_ca(pki, "front-proxy-ca", "sluice-local-front-proxy-ca")
+    sans = [
+        f"IP:{HOST}",
+        "DNS:localhost",
+        "IP:10.96.0.1",
+        "DNS:kubernetes",
+        "DNS:kubernetes.default",
+        "DNS:kubernetes.default.svc",
+        "DNS:kubernetes.default.svc.cluster.local",
+    ]
+    _make_cert(pki, "apiserver", "ca", "/CN=kube-apiserver", sans, server=True)
+    _make_cert(pki, "admin", "ca", "/O=system:masters/CN=sluice-admin")
+    _make_cert(pki, "front-proxy-client", "front-proxy-ca", "/CN=front-proxy-client")
+    _make_cert(
+        pki, "metrics-adapter", "ca", "/CN=metrics-adapter",
+        # the aggregator checks the name of the Service it reached the adapter through
+        ["DNS:localhost", f"IP:{HOST}", f"DNS:{METRICS_SERVICE}.{METRICS_NAMESPACE}.svc"],
+        server=True,
+    )  # fmt: skip
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def kubeconfig(server: str, ca: Path, user: Mapping[str, str]) -> dict[str, Any]:
+    """A one-cluster, one-user kubeconfig (`user`: client-certificate/-key or token)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": "user", "user": dict(user)}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user"}}],
+        "current-context": "local",
+    }
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Component:
+    name: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: Mapping[str, str] | None = None) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stopped as a group
+                env=dict(env) if env is not None else None,
+            )
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def check_alive(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            raise ControlPlaneError(
+                f"{self.name} exited with status {self.process.returncode}:\n{self.tail()}"
+            )
+
+
+def _stop_group(pid: int, timeout: float) -> None:
+    """SIGTERM the process group `pid` leads, SIGKILL what is left after `timeout`."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        try:  # reap it when it is our child
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                continue
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def wait_for(
+    what: str,
+    check: Callable[[], bool],
+    timeout: float,
+    alive: Callable[[], None] = lambda: None,
+    interval: float = 0.2,
+) -> None:
+    """Poll `check` until it is true; `alive` raises when a process it needs has died."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while True:
+        alive()
+        try:
+            if check():
+                return
+        except Exception as error:  # a component that is not up yet refuses connections
+            last = error
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(
+                f"{what}: not ready after {timeout:.0f} s"
+                + (f" (last error: {last})" if last else "")
+            )
+        time.sleep(interval)
+
+
+# ----------------------------------------------------------------------------- the control plane
+
+
+@dataclass
+class ControlPlane:
+    """The processes of a local control plane under `workdir`; `start()` then `stop()`."""
+
+    workdir: Path
+    binaries: Path
+    nodes: Sequence[FakeNode] = DEFAULT_NODES
+    ready_timeout: float = 180.0
+    components: dict[str, Component] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pki(self) -> Path:
+        return self.workdir / "pki"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://{HOST}:{self.ports['apiserver']}"
+
+    @property
+    def metrics_write_url(self) -> str:
+        return f"http://{HOST}:{self.ports['metrics-write']}/write-metrics"
+
+    @property
+    def kubectl(self) -> Path:
+        return self.binaries / "kubectl"
+
+    def pids(self) -> dict[str, int]:
+        return {name: c.process.pid for name, c in self.components.items() if c.process is not None}
+
+    # -- start
+    def start(self) -> None:
+        missing = [b for b in (*COMPONENTS, "kubectl") if not (self.binaries / b).exists()]
+        if missing:
+            raise ControlPlaneError(
+                f"binaries missing in {self.binaries}: {missing} (run `make cluster-bin`)"
+            )
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        make_pki(self.pki)
+        for name in ("etcd-client", "etcd-peer", "apiserver", "kcm", "scheduler", "adapter"):
+            self.ports[name] = free_port()
+        self.ports["metrics-write"] = free_port()
+        self._write_kubeconfigs()
+        try:
+            self._start_etcd()
+            self._start_apiserver()
+            self._start_controllers()
+            self._start_kwok_and_nodes()
+            self._start_metrics_adapter()
+            self._wait_controllers()
+        except BaseException:
+            self.stop()
+            raise
+        self._write_state()
+
+    def _write_kubeconfigs(self) -> None:
+        admin = {
+            "client-certificate": str(self.pki / "admin.crt"),
+            "client-key": str(self.pki / "admin.key"),
+        }
+        self.kubeconfig.write_text(
+            json.dumps(kubeconfig(self.server, self.pki / "ca.crt", admin), indent=1)
+        )
+
+    def _component(self, name: str, argv: list[str]) -> Component:
+        component = Component(name, argv, self.workdir / "logs" / f"{name}.log")
+        self.components[name] = component
+        component.start()
+        return component
+
+    def _start_etcd(self) -> None:
+        client = f"http://{HOST}:{self.ports['etcd-client']}"
+        peer = f"http://{HOST}:{self.ports['etcd-peer']}"
+        etcd = self._component(
+            "etcd",
+            [
+                str(self.binaries / "etcd"),
+                "--name=local",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=local={peer}",
+                "--unsafe-no-fsync=true",  # a throw-away test store: no fsync per write
+                "--log-level=warn",
+            ],
+        )
+        wait_for(
+            "etcd /health",
+            lambda: json.loads(_http_get(f"{client}/health"))["health"] == "true",
+            self.ready_timeout,
+            etcd.check_alive,
+        )
+
+    def _start_apiserver(self) -> None:
+        pki = self.pki
+        apiserver = self._component(
+            "kube-apiserver",
+            [
+                str(self.binaries / "kube-apiserver"),
+                f"--etcd-servers=http://{HOST}:{self.ports['etcd-client']}",
+                f"--bind-address={HOST}",
+                f"--advertise-address={HOST}",
+                f"--secure-port={self.ports['apiserver']}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                # the aggregation layer (custom/external metrics API)
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        wait_for(
+            "kube-apiserver /readyz",
+            lambda: _http_get(f"{self.server}/readyz", self._admin_tls()) == "ok",
+            self.ready_timeout,
+            apiserver.check_alive,
+        )
+
+    def _controller_flags(self, port: str) -> list[str]:
+        kc = str(self.kubeconfig)
+        return [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            f"--bind-address={HOST}",
+            f"--secure-port={self.ports[port]}",
+            "--leader-elect=false",
+            "--v=1",
+        ]
+
+    def _start_controllers(self) -> None:
+        self._component(
+            "kube-controller-manager",
+            [
+                str(self.binaries / "kube-controller-manager"),
+                *self._controller_flags("kcm"),
+                f"--service-account-private-key-file={self.pki / 'sa.key'}",
+                f"--root-ca-file={self.pki / 'ca.crt'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_PERIOD}",
+                "--horizontal-pod-autoscaler-initial-readiness-delay=1s",
+                "--horizontal-pod-autoscaler-cpu-initialization-period=1s",
+                "--profiling=false",
+            ],
+        )
+        self._component(
+            "kube-scheduler",
+            [
+                str(self.binaries / "kube-scheduler"),
+                *self._controller_flags("scheduler"),
+                "--profiling=false",
+            ],
+        )
+
+    def _wait_controllers(self) -> None:
+        for name, port in (("kube-controller-manager", "kcm"), ("kube-scheduler", "scheduler")):
+            url = f"https://{HOST}:{self.ports[port]}/healthz"
+            wait_for(
+                f"{name} /healthz",
+                lambda url=url: _http_get(url, _insecure_tls()) == "ok",
+                self.ready_timeout,
+                self.components[name].check_alive,
+            )
+        # the service-account controller has made `default` (pods need it)
+        wait_for(
+            "ServiceAccount default/default",
+            lambda: bool(self.get("/api/v1/namespaces/default/serviceaccounts/default")),
+            self.ready_timeout,
+            self.components["kube-controller-manager"].check_alive,
+        )
+
+    def _start_kwok_and_nodes(self) -> None:
+        kwok = self._component(
+            "kwok",
+            [
+                str(self.binaries / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={KWOK_STAGES}",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                f"--cidr={POD_CIDR}",
+                f"--node-ip={HOST}",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
+        for node in self.nodes:
+            self.add_node(node, check_alive=kwok.check_alive)
+
+    def add_node(self, node: FakeNode, check_alive: Callable[[], None] | None = None) -> None:
+        """Create a fake node and wait until kwok has made it Ready."""
+        self.request("POST", "/api/v1/nodes", node.manifest())
+        wait_for(
+            f"node {node.name} Ready",
+            lambda: _condition(self.get(f"/api/v1/nodes/{node.name}"), "Ready") == "True",
+            self.ready_timeout,
+            check_alive or self.components["kwok"].check_alive,
+        )
+
+    def _start_metrics_adapter(self) -> None:
+        kc = str(self.kubeconfig)
+        adapter = self._component(
+            "metrics-adapter",
+            [
+                str(self.binaries / "metrics-adapter"),
+                f"--lister-kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                f"--bind-address={HOST}",
+                f"--secure-port={self.ports['adapter']}",
+                f"--tls-cert-file={self.pki / 'metrics-adapter.crt'}",
+                f"--tls-private-key-file={self.pki / 'metrics-adapter.key'}",
+                f"--write-metrics-address={HOST}:{self.ports['metrics-write']}",
+                "--v=1",
+            ],
+        )
+        # The aggregator reaches the adapter through a Service. With no kube-proxy a ClusterIP
+        # leads nowhere, and Endpoints may not hold loopback addresses; an ExternalName
+        # Service naming `localhost` is resolved by the aggregator itself to localhost:<port>.
+        self.request(
+            "POST",
+            f"/api/v1/namespaces/{METRICS_NAMESPACE}/services",
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": METRICS_SERVICE},
+                "spec": {"type": "ExternalName", "externalName": "localhost"},
+            },
+        )
+        ca = base64.b64encode((self.pki / "ca.crt").read_bytes()).decode()
+        for group, version in (
+            ("custom.metrics.k8s.io", "v1beta2"),
+            ("custom.metrics.k8s.io", "v1beta1"),
+            ("external.metrics.k8s.io", "v1beta1"),
+        ):
+            self.request(
+                "POST",
+                "/apis/apiregistration.k8s.io/v1/apiservices",
+                {
+                    "apiVersion": "apiregistration.k8s.io/v1",
+                    "kind": "APIService",
+                    "metadata": {"name": f"{version}.{group}"},
+                    "spec": {
+                        "group": group,
+                        "version": version,
+                        "service": {
+                            "namespace": METRICS_NAMESPACE,
+                            "name": METRICS_SERVICE,
+                            "port": self.ports["adapter"],
+                        },
+                        "caBundle": ca,
+                        "groupPriorityMinimum": 100,
+                        "versionPriority": 200 if version == "v1beta2" else 100,
+                    },
+                },
+            )
+        for group, version in (
+            ("custom.metrics.k8s.io", "v1beta2"),
+            ("external.metrics.k8s.io", "v1beta1"),
+        ):
+            wait_for(
+                f"APIService {version}.{group} Available",
+                lambda n=f"{version}.{group}": (
+                    _condition(
+                        self.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{n}"), "Available"
+                    )
+                    == "True"
+                ),
+                self.ready_timeout,
+                adapter.check_alive,
+            )
+
+    # -- API access (admin)
+    def _admin_tls(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        with urllib.request.urlopen(req, context=self._admin_tls(), timeout=30) as response:
+            text = response.read().decode()
+        return json.loads(text) if text else None
+
+    def get(self, path: str) -> Any:
+        """The object at `path`, or None when it does not exist (404)."""
+        try:
+            return self.request("GET", path)
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return None
+            raise
+
+    def write_pod_metric(self, namespace: str, pod: str, metric: str, value: str) -> None:
+        """Set a Pods metric in the custom metrics API (what prometheus-adapter would serve)."""
+        req = urllib.request.Request(
+            f"{self.metrics_write_url}/namespaces/{namespace}/pods/{pod}/{metric}",
+            data=json.dumps(value).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as response:
+            response.read()
+
+    # -- stop
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop every component (last started first) and wait until each process is gone."""
+        for component in reversed(list(self.components.values())):
+            if component.process is not None and component.process.poll() is None:
+                _stop_group(component.process.pid, timeout)
+            if component.process is not None:
+                try:
+                    component.process.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    component.process.kill()
+                    component.process.wait()
+
+    # -- state for `down` (make cluster runs `up` and `down` as separate commands)
+    def _write_state(self) -> None:
+        (self.workdir / "state.json").write_text(
+            json.dumps({"pids": self.pids(), "ports": self.ports}, indent=1)
+        )
+
+
+def _condition(obj: Mapping[str, Any] | None, kind: str) -> str | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
+    return None
+
+
+def _insecure_tls() -> ssl.SSLContext:
+    # only for the /healthz of a component with a self-signed serving cert, on loopback
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _http_get(url: str, context: ssl.SSLContext | None = None) -> str:
+    with urllib.request.urlopen(url, context=context, timeout=5) as response:
+        return str(response.read().decode())
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sluice" / "cluster"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def down(workdir: Path) -> int:
+    state_file = workdir / "state.json"
+    if not state_file.exists():
+        print(f"no local cluster in {workdir}")
+        return 0
+    pids = json.loads(state_file.read_text())["pids"]
+    for name in reversed(list(pids)):
+        _stop_group(int(pids[name]), 15.0)
+    left = [name for name, pid in pids.items() if _alive(int(pid))]
+    if left:
+        print(f"still running: {left}", file=sys.stderr)
+        return 1
+    state_file.unlink()
+    print(f"local cluster in {workdir} stopped")
+    return 0
+
+
+def up(workdir: Path) -> int:
+    if (workdir / "state.json").exists():
+        pids = json.loads((workdir / "state.json").read_text())["pids"]
+        if any(_alive(int(p)) for p in pids.values()):
+            print(f"export KUBECONFIG={workdir / 'admin.kubeconfig'}")
+            return 0
+    build = subprocess.run([str(BUILD_SCRIPT)])
+    if build.returncode != 0:
+        return build.returncode
+    if workdir.exists():  # a stopped cluster's leftovers: start from an empty store
+        subprocess.run(["rm", "-rf", str(workdir)], check=True)
+    plane = ControlPlane(workdir, bin_dir())
+    try:
+        plane.start()
+    except ControlPlaneError as error:
+        print(f"local cluster did not start: {error}", file=sys.stderr)
+        return 1
+    print(f"export KUBECONFIG={plane.kubeconfig}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("up", "down"))
+    parser.add_argument("--dir", type=Path, default=default_dir(), help="state and logs")
+    args = parser.parse_args(argv)
+    return up(args.dir) if args.command == "up" else down(args.dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""GPU accounting by the real scheduler: a service asking for more GPUs per replica than any
+node has stays Pending with the scheduler's own words in its status; a node with enough GPUs
+makes it Ready."""
+
+from __future__ import annotations
+
+import local_cluster
+import yaml
+from cluster_kit import REPO, Kube, OperatorProcess, condition, is_ready, wait_until
+
+
+def test_too_many_gpus_is_unschedulable_until_a_big_enough_node_joins(
+    kube: Kube, operator: OperatorProcess, ns: str
+):
+    sample = yaml.safe_load((REPO / "samples" / "llama-gpu.yaml").read_text())
+    sample["metadata"]["namespace"] = ns
+    sample["spec"]["replicas"] = 1
+    sample["spec"]["resources"]["gpus"] = 4  # the GPU nodes have 2 each
+    sample["spec"]["runtime"]["tensorParallelSize"] = 4
+    kube.kubectl("create", "secret", "generic", "hf-token", "-n", ns,
+                 "--from-literal=HF_TOKEN=hf_test")  # fmt: skip
+    kube.apply(sample)
+    name = sample["metadata"]["name"]
+
+    degraded = wait_until(
+        "Degraded: Unschedulable",
+        lambda: (
+            (c := condition(kube.isvc(ns, name), "Degraded"))
+            and c.get("reason") == "Unschedulable"
+            and c
+        ),
+        timeout=90,
+        explain=lambda: f"{kube.isvc(ns, name)}\n{operator.tail()}",
+    )
+    pod = kube.pods(ns, kube.isvc(ns, name)["status"]["selector"])[0]
+    assert pod["status"]["phase"] == "Pending"
+    scheduled = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert scheduled["reason"] == "Unschedulable"
+    # the scheduler's words, e.g. "0/4 nodes are available: 2 Insufficient nvidia.com/gpu, ..."
+    assert "Insufficient nvidia.com/gpu" in scheduled["message"]
+    assert scheduled["message"] in degraded["message"]
+    assert not is_ready(kube.isvc(ns, name))
+
+    node = local_cluster.FakeNode("gpu-node-big", cpu="32", memory="256Gi", gpus=4)
+    kube.plane.add_node(node)
+    try:
+        wait_until("Ready on the 4-GPU node", lambda: is_ready(kube.isvc(ns, name)), timeout=90,
+                   explain=lambda: f"{kube.isvc(ns, name)}\n{operator.tail()}")  # fmt: skip
+        pod = kube.pods(ns, kube.isvc(ns, name)["status"]["selector"])[0]
+        assert pod["spec"]["nodeName"] == "gpu-node-big"
+        assert (condition(kube.isvc(ns, name), "Degraded") or {}).get("status") == "False"
+    finally:
+        kube.kubectl("delete", "inferenceservice", name, "-n", ns, "--wait=true", timeout=120)
+        kube.kubectl("delete", "node", node.name)
