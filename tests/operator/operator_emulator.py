@@ -31,7 +31,11 @@ API server writes; discovery stays allowed, as `system:discovery` grants it).
 
 Not emulated (covered elsewhere): schema validation and defaulting beyond the fields in
 field_managers.DEFAULTS (operator_validators.py and kubernetes-validate in the tests),
-admission, RBAC (the recorded requests are checked against `rbac.REQUIRED_PERMISSIONS`),
+admission, RBAC beyond `denied` (the recorded requests are checked against
+`rbac.REQUIRED_PERMISSIONS`), server-side apply's list-maps (a list such as containers,
+env, ports or volumes is one field here; the API server merges it item by item by key, so
+two managers that set different containers or env vars share it there and conflict here:
+see field_managers.py),
 the Deployment, ReplicaSet and HPA controllers (tests act as them).
 """
 

@@ -155,7 +155,7 @@ def test_fifty_autoscaled_services_under_changing_metrics_stay_within_budget(clu
         create(cluster, ns, name, autoscaling=AUTOSCALED)
     for name in names:
         wait_for(lambda n=name: status(cluster, ns, n).get("observedGeneration") == 1
-                 and get(cluster, HPA, ns, n), timeout=WAIT_S, what=f"{name} reconciled")  # fmt: skip
+                 and get(cluster, HPA, ns, n), timeout=3 * WAIT_S, what=f"{name} reconciled")  # fmt: skip
     last = names[-1]
     hpa_metrics(cluster, ns, last, 0, able=False)  # a barrier, as above
     wait_for(lambda: condition(cluster, ns, last, "Degraded").get("status") == "True",

@@ -379,3 +379,37 @@ def test_names_do_not_collide_with_kserve(crd):
     `sluice` category only (not `all`)."""
     names = crd["spec"]["names"]
     assert names["shortNames"] == ["sisvc"] and names["categories"] == ["sluice"]
+
+
+def test_the_crd_carries_the_schema_version_the_operator_was_built_for(crd):
+    annotations = crd["metadata"]["annotations"]
+    assert annotations[c.ANNOTATION_SCHEMA_VERSION] == str(c.CRD_SCHEMA_VERSION)
+
+
+def test_an_older_served_crd_is_warned_about_at_start_up(crd, caplog):
+    import asyncio
+    import logging
+
+    from sluice.operator.handlers import crd_event, crd_schema_warning
+
+    assert crd_schema_warning(crd) is None
+    old = copy.deepcopy(crd)
+    old["metadata"]["annotations"][c.ANNOTATION_SCHEMA_VERSION] = "1"
+    unversioned = copy.deepcopy(crd)
+    del unversioned["metadata"]["annotations"]
+    for served in (old, unversioned):
+        assert "--force-conflicts" in crd_schema_warning(served)
+
+    class Optional:
+        def forget_discovery(self) -> None:
+            pass
+
+    class Controller:
+        ctx = type("Ctx", (), {"optional": Optional()})()
+
+    memo: dict[str, Any] = {"controller": Controller()}
+    with caplog.at_level(logging.WARNING, logger="sluice.operator"):
+        for _ in range(2):  # Kopf's first listing, then a change that left it old
+            asyncio.run(crd_event(type=None, body=old, memo=memo, logger=logging.getLogger()))
+    warnings = [r for r in caplog.records if "schema version 1" in r.getMessage()]
+    assert len(warnings) == 1  # once, not at every event

@@ -15,6 +15,11 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
 SHORT_NAME = "sisvc"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+# the CRD schema this operator was built for (crds/inferenceservice.yaml carries it in the
+# annotation below; bump both with every schema change)
+CRD_SCHEMA_VERSION = 2
+ANNOTATION_SCHEMA_VERSION = "sluice.dev/schema-version"
 
 # --- who we are ---------------------------------------------------------------------------
 FIELD_MANAGER = "sluice-operator"

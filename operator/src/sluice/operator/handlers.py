@@ -17,7 +17,9 @@ Kopf peering — see operator/README.md.
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -128,9 +130,33 @@ async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
 
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-async def crd_event(memo: kopf.Memo, **_: Any) -> None:
-    """A CRD came, went or changed: the cached discovery of optional APIs is stale."""
+async def crd_event(
+    type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """A CRD came, went or changed: the cached discovery of optional APIs is stale. Ours
+    (seen at start-up, in Kopf's first listing, and at every change) is checked against
+    the schema this operator was built for."""
     memo["controller"].ctx.optional.forget_discovery()
+    if type != "DELETED" and (body.get("metadata") or {}).get("name") == c.CRD_NAME:
+        warning = crd_schema_warning(body)
+        if warning is not None and memo.get("crd_warning") != warning:
+            memo["crd_warning"] = warning
+            logging.getLogger("sluice.operator").warning(warning)
+
+
+def crd_schema_warning(crd: Mapping[str, Any]) -> str | None:
+    """Why the served InferenceService CRD is older than this operator, if it is."""
+    annotations = (crd.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(c.ANNOTATION_SCHEMA_VERSION)
+    served = int(raw) if isinstance(raw, str) and raw.isdigit() else 0
+    if served >= c.CRD_SCHEMA_VERSION:
+        return None
+    return (
+        f"The served CRD {c.CRD_NAME} has schema version {raw or 'none'}, older than the"
+        f" {c.CRD_SCHEMA_VERSION} this operator was built for: fields it knows may be"
+        " dropped by the API server. Upgrade the CRD: kubectl apply --server-side"
+        " --force-conflicts -f crds/inferenceservice.yaml"
+    )
 
 
 def watch_optional_kinds(registry: kopf.OperatorRegistry, settings: Settings) -> None:
