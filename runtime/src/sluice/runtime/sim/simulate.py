@@ -59,7 +59,9 @@ def add_parser_args(parser: argparse.ArgumentParser) -> None:
 
 def simulation_server_args(ns: argparse.Namespace, calibration: Calibration) -> ServerArgs:
     """The scheduling flags as given; the cost flags must agree with the calibration."""
-    given = {n: getattr(ns, n) for n in COST_FLAGS if getattr(ns, n) != getattr(ServerArgs(), n)}
+    # the flags' own defaults (an instance resolves the auto sizes: 0 would look "given")
+    defaults = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
+    given = {n: getattr(ns, n) for n in COST_FLAGS if getattr(ns, n) != defaults[n]}
     mismatched = calibration.mismatched_flags(given)
     if mismatched:
         raise ValueError(
