@@ -18,7 +18,8 @@ import httpx
 import pytest
 from server_process import serve
 
-pytestmark = [pytest.mark.integration, pytest.mark.bundled, pytest.mark.slow]
+# three servers start per case: under a loaded machine that alone can pass the default 600 s
+pytestmark = [pytest.mark.integration, pytest.mark.bundled, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 QUESTION = "What is the capital of France?"
 FOLLOW_UP = "And what is the capital of Germany?"
