@@ -1,9 +1,16 @@
 """What LoRA costs on this machine: the same workload with 0 (the base model alone), 1, 4
-and 8 adapters mixed in one batch, through the real Scheduler and ModelWorker in one
-process (no HTTP), as `engine_bench` runs them.
+and 8 adapters mixed in one batch.
 
-    python -m benchmarks.lora_cost [--model smollm2-135m] [--num-prompts 32]
+    python -m benchmarks.lora_cost --mode step [--num-prompts 8] [--input-len 64] [--rounds 20]
+    python -m benchmarks.lora_cost --mode serve [--model smollm2-135m] [--num-prompts 32]
         [--input-len 64] [--output-len 64] [--rank 16] [--server-args "--dtype float32"]
+
+`--mode step` (the default): one ModelWorker with every adapter loaded times the same
+decode forward (batch `--num-prompts`, each row at position `--input-len`) with its rows
+on the base model, or spread over 1, 4 or 8 adapters, the configurations interleaved round
+after round so that a drifting machine load hits all of them alike; medians are reported.
+`--mode serve`: the whole workload through the real Scheduler and ModelWorker (no HTTP), one
+configuration after another, as `engine_bench` runs it (sensitive to load drift).
 
 Adapters are random rank-`--rank` PEFT-format adapters on q/k/v/o and gate/up/down,
 written to a temporary folder; requests are spread round-robin over them (with
@@ -29,6 +36,7 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
+from sluice.runtime.engine.forward_input import ForwardInput, RowInput  # noqa: E402
 from sluice.runtime.engine.model_worker import ModelWorker  # noqa: E402
 from sluice.runtime.ipc.messages import SamplingParams, TokenizedGenerateReq  # noqa: E402
 from sluice.runtime.lora.adapter import module_shapes  # noqa: E402
@@ -94,10 +102,45 @@ def run(
             "decode_tick_ms": 1000 * decode_s / max(decode_ticks, 1), "decode_ticks": decode_ticks}  # fmt: skip
 
 
+def step_costs(args: ServerArgs, path: Path, counts: list[int], batch: int, ctx: int,
+               rounds: int) -> list[dict]:  # fmt: skip
+    """Median decode-forward time per adapter count, configurations interleaved."""
+    import statistics
+
+    worker = ModelWorker(args, path)
+    rng = random.Random(0)
+    vocab = worker.model_config.vocab_size
+    prefill = [
+        RowInput(row=i, start=0, length=ctx, slot_start=0,
+                 slots=list(range(1 + i * (ctx + 1), 1 + (i + 1) * (ctx + 1))), token_start=0,
+                 tokens=[rng.randrange(100, vocab - 100) for _ in range(ctx + 1)], sample=False)
+        for i in range(batch)
+    ]  # fmt: skip
+    worker.run(ForwardInput(prefill, []))
+
+    def decode(n: int) -> ForwardInput:
+        rows = [RowInput(row=i, start=ctx, length=1, slot_start=0, slots=[], token_start=0,
+                         tokens=[], sample=False, lora=(i % n) + 1 if n else 0)
+                for i in range(batch)]  # fmt: skip
+        return ForwardInput(rows, [])
+
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    for r in range(rounds + 2):
+        for n in counts:
+            fi = decode(n)
+            t0 = time.perf_counter()
+            worker.run(fi)
+            if r >= 2:  # two warm-up rounds (slots filled, caches warm)
+                times[n].append(time.perf_counter() - t0)
+    return [{"adapters": n, "decode_step_ms": 1000 * statistics.median(times[n])} for n in counts]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    p.add_argument("--mode", default="step", choices=("step", "serve"))
+    p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--input-len", type=int, default=64)
@@ -123,6 +166,22 @@ def main() -> int:
         folders = [
             write_adapter(Path(tmp) / f"a{i}", config, ns.rank, i) for i in range(max(counts))
         ]
+        if ns.mode == "step":
+            n = max(counts)
+            modules = tuple(f"a{i}={folders[i]}" for i in range(n))
+            args = dataclasses.replace(base, enable_lora=True, lora_modules=modules, max_loras=n,
+                                       max_lora_rank=ns.rank, max_cpu_loras=n)  # fmt: skip
+            steps = step_costs(args, path, counts, ns.num_prompts, ns.input_len, ns.rounds)
+            first = steps[0]["decode_step_ms"]
+            print(f"decode step, batch {ns.num_prompts} at position {ns.input_len}, rank {ns.rank}, "
+                  f"model {ns.model}, {ns.rounds} interleaved rounds (medians)")  # fmt: skip
+            print("adapters | decode step ms | vs base")
+            for r in steps:
+                r["vs_base"] = r["decode_step_ms"] / first
+                print(f"{r['adapters']:>8} | {r['decode_step_ms']:>14.2f} | {r['vs_base']:.2f}x")
+            if ns.output_file:
+                Path(ns.output_file).write_text(json.dumps(steps, indent=2))
+            return 0
         for n in counts:
             args = base
             if n:
