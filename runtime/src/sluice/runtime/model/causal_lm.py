@@ -83,6 +83,11 @@ class CausalLM(nn.Module):
         cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, batch, self.attn_backend)
+        return self.logits(hidden, batch)
+
+    def logits(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """The last layer's hidden states to fp32 logits at the rows `forward` returns (the
+        final norm and the LM head run on those rows only)."""
         if not batch.return_all_logits:
             wanted = batch.last_token_indices
             if batch.extra_logit_indices is not None:

@@ -33,7 +33,7 @@ from torch import nn
 
 from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
-from sluice.runtime.distributed.layers import embed, gather_logits
+from sluice.runtime.distributed.layers import embed
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig, RopeScaling
 from sluice.runtime.model.forward_batch import ForwardBatch
@@ -196,17 +196,7 @@ class GemmaForCausalLM(CausalLM):
             ropes[True] = self.local_rotary.cos_sin(batch.positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, ropes, batch, self.attn_backend)
-        if not batch.return_all_logits:
-            wanted = batch.last_token_indices
-            if batch.extra_logit_indices is not None:
-                wanted = torch.cat([wanted, batch.extra_logit_indices])
-            hidden = hidden[wanted]
-        rows = hidden.shape[0]
-        if batch.row_multiple > 1:  # deterministic mode: a batch-invariant row count
-            padded = max(batch.row_multiple, -(-rows // batch.row_multiple) * batch.row_multiple)
-            hidden = torch.cat([hidden, hidden.new_zeros(padded - rows, hidden.shape[1])])
-        logits = gather_logits(self.lm_head(self.norm(hidden)), self.config.vocab_size, self.tp)
-        logits = logits[:rows].float()
+        logits = self.logits(hidden, batch)
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
