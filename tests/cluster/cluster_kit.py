@@ -30,6 +30,7 @@ CHART_DIR = REPO / "charts" / "sluice"
 RELEASE = "sluice"
 OPERATOR_NS = "sluice-system"
 OPERATOR_SA = "sluice-operator"
+SCHEDULING_GRACE_S = 20  # the tier's operator: SLUICE_SCHEDULING_GRACE_SECONDS
 
 
 def wait_until(

@@ -28,6 +28,7 @@ from cluster_kit import (  # noqa: E402
     CHART_DIR,
     OPERATOR_NS,
     RELEASE,
+    SCHEDULING_GRACE_S,
     Kube,
     OperatorProcess,
     operator_process,
@@ -104,7 +105,12 @@ def chart_release(kube: Kube) -> dict[str, Any]:
 def operator(
     kube: Kube, chart_release: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    process = operator_process(kube, tmp_path_factory.mktemp("operator") / "operator.log")
+    # a short scheduling grace: the GPU test sees an unschedulable pod wait for capacity
+    # (Progressing), then turn Degraded, within its deadlines
+    process = operator_process(
+        kube, tmp_path_factory.mktemp("operator") / "operator.log",
+        extra_env={"SLUICE_SCHEDULING_GRACE_SECONDS": str(SCHEDULING_GRACE_S)},
+    )  # fmt: skip
     process.start()
     yield process
     process.stop()

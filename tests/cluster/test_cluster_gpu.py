@@ -1,12 +1,21 @@
 """GPU accounting by the real scheduler: a service asking for more GPUs per replica than any
-node has stays Pending with the scheduler's own words in its status; a node with enough GPUs
-makes it Ready."""
+node has waits for capacity (Progressing, no Warning) for the operator's scheduling grace,
+then is Degraded with the scheduler's own words in its status and a Warning Event; a node
+with enough GPUs makes it Ready."""
 
 from __future__ import annotations
 
 import local_cluster
 import yaml
-from cluster_kit import REPO, Kube, OperatorProcess, condition, is_ready, wait_until
+from cluster_kit import (
+    REPO,
+    SCHEDULING_GRACE_S,
+    Kube,
+    OperatorProcess,
+    condition,
+    is_ready,
+    wait_until,
+)
 
 
 def test_too_many_gpus_is_unschedulable_until_a_big_enough_node_joins(
@@ -21,6 +30,23 @@ def test_too_many_gpus_is_unschedulable_until_a_big_enough_node_joins(
                  "--from-literal=HF_TOKEN=hf_test")  # fmt: skip
     kube.apply(sample)
     name = sample["metadata"]["name"]
+
+    waiting = wait_until(
+        "Progressing: WaitingForCapacity",
+        lambda: (
+            (c := condition(kube.isvc(ns, name), "Progressing"))
+            and c.get("reason") == "WaitingForCapacity"
+            and c
+        ),
+        timeout=SCHEDULING_GRACE_S,
+        explain=lambda: f"{kube.isvc(ns, name)}\n{operator.tail()}",
+    )
+    assert "Insufficient nvidia.com/gpu" in waiting["message"]
+    # no Warning while it may still get a node (the events are read before the status: the
+    # operator posts its Event after writing the status)
+    warned = operator_events(kube, ns, "Unschedulable")
+    if (condition(kube.isvc(ns, name), "Degraded") or {}).get("status") != "True":
+        assert warned == []
 
     degraded = wait_until(
         "Degraded: Unschedulable",
@@ -39,6 +65,11 @@ def test_too_many_gpus_is_unschedulable_until_a_big_enough_node_joins(
     # the scheduler's words, e.g. "0/4 nodes are available: 2 Insufficient nvidia.com/gpu, ..."
     assert "Insufficient nvidia.com/gpu" in scheduled["message"]
     assert scheduled["message"] in degraded["message"]
+    assert kube.isvc(ns, name)["status"]["phase"] == "Degraded"
+    [event] = wait_until("a Warning Event", lambda: operator_events(kube, ns, "Unschedulable"),
+                         timeout=30, explain=lambda: kube.events(ns))  # fmt: skip
+    assert event["type"] == "Warning" and event["involvedObject"]["name"] == name
+    assert operator_events(kube, ns, "WaitingForCapacity") == []
     assert not is_ready(kube.isvc(ns, name))
 
     node = local_cluster.FakeNode("gpu-node-big", cpu="32", memory="256Gi", gpus=4)
@@ -52,3 +83,10 @@ def test_too_many_gpus_is_unschedulable_until_a_big_enough_node_joins(
     finally:
         kube.kubectl("delete", "inferenceservice", name, "-n", ns, "--wait=true", timeout=120)
         kube.kubectl("delete", "node", node.name)
+
+
+def operator_events(kube: Kube, ns: str, reason: str) -> list[dict]:
+    """The Events about InferenceServices in `ns` with `reason`."""
+    items = kube.get(f"/api/v1/namespaces/{ns}/events")["items"]
+    return [e for e in items if e["reason"] == reason
+            and e["involvedObject"].get("kind") == "InferenceService"]  # fmt: skip

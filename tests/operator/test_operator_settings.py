@@ -33,6 +33,7 @@ def test_environment_sets_every_field():
             "SLUICE_API_TIMEOUT_SECONDS": "5",
             "SLUICE_RUN_AS_USER": "none",
             "SLUICE_ROLL_ON_UPGRADE": "true",
+            "SLUICE_SCHEDULING_GRACE_SECONDS": "0",
         }
     )
     assert settings == Settings(
@@ -52,8 +53,17 @@ def test_environment_sets_every_field():
         api_timeout_seconds=5.0,
         run_as_user=None,
         roll_on_upgrade=True,
+        scheduling_grace_seconds=0.0,
     )
     assert not settings.clusterwide and not settings.standalone
+
+
+def test_the_scheduling_grace_defaults_to_ten_minutes_and_has_a_flag():
+    assert Settings.from_env({}).scheduling_grace_seconds == 600.0
+    flagged = Settings.from_env({"SLUICE_SCHEDULING_GRACE_SECONDS": "60"}).with_flags(
+        ["--scheduling-grace-seconds", "90"]
+    )
+    assert flagged.scheduling_grace_seconds == 90.0
 
 
 def test_run_as_user_is_a_uid_or_left_to_the_platform():
@@ -83,6 +93,7 @@ def test_flags_override_the_environment():
         {"SLUICE_WORKERS": "0"},
         {"SLUICE_RETRY_DELAY_SECONDS": "5", "SLUICE_RETRY_MAX_DELAY_SECONDS": "1"},
         {"SLUICE_RUN_AS_USER": "0"},
+        {"SLUICE_SCHEDULING_GRACE_SECONDS": "-1"},
         {"SLUICE_DEFAULT_IMAGE": "has space"},
     ],
 )

@@ -130,3 +130,5 @@ class Controller:
             self.queue.forget(key)
             resync = self.ctx.settings.resync_seconds
             self.queue.add_after(key, resync * random.uniform(1 - RESYNC_JITTER, 1))
+            if outcome.recheck is not None:  # a pod's scheduling grace ends (the earlier wins)
+                self.queue.add_after(key, outcome.recheck)

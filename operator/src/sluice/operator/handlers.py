@@ -78,7 +78,8 @@ async def startup(
     watch_optional_kinds(kopf.get_default_registry(), ours)
     logger.info(
         f"Sluice operator starting: default image {ours.default_image}, pod monitors"
-        f" {ours.pod_monitors}, resync every {ours.resync_seconds:g}s, {ours.workers} workers."
+        f" {ours.pod_monitors}, resync every {ours.resync_seconds:g}s, {ours.workers} workers,"
+        f" unschedulable pods wait {ours.scheduling_grace_seconds:g}s for capacity."
     )
 
 

@@ -73,6 +73,7 @@ from .status import (
     Failure,
     Observed,
     RouterObserved,
+    capacity_recheck,
     compute_status,
     status_changed,
     transition_events,
@@ -116,10 +117,13 @@ class Context:
 
 @dataclass(frozen=True)
 class Outcome:
-    """`retry`: back off and run again; `gone`: the object no longer exists."""
+    """`retry`: back off and run again; `gone`: the object no longer exists; `recheck`:
+    run again within this many seconds though nothing changes (a pod's scheduling grace
+    ends then)."""
 
     retry: bool = False
     gone: bool = False
+    recheck: float | None = None
 
 
 DONE, RETRY, GONE = Outcome(), Outcome(retry=True), Outcome(gone=True)
@@ -434,9 +438,18 @@ async def _report(
         )
         observed = dataclasses.replace(observed, replica_set=replica_set, pods=pods)
     previous = body.get("status") or {}
+    now = ctx.clock()
+    grace = ctx.settings.scheduling_grace_seconds
     status = compute_status(
-        observed, previous=previous, now=ctx.clock(), cluster_domain=ctx.settings.cluster_domain
+        observed,
+        previous=previous,
+        now=now,
+        cluster_domain=ctx.settings.cluster_domain,
+        scheduling_grace_seconds=grace,
     )
+    recheck = capacity_recheck(observed, now=now, grace_seconds=grace)
+    if recheck is not None:
+        outcome = dataclasses.replace(outcome, recheck=recheck + 1)
     if not status_changed(previous, status):
         return outcome
     meta = body["metadata"]

@@ -23,11 +23,17 @@ handlers reads the environment: they get this object from Kopf's `memo`.
 | SLUICE_API_TIMEOUT_SECONDS      | 30                       | timeout of one API request                   |
 | SLUICE_RUN_AS_USER              | 1000                     | pods' uid/gid/fsGroup; `none`: the platform's|
 | SLUICE_ROLL_ON_UPGRADE          | false                    | a new default image rolls existing services  |
+| SLUICE_SCHEDULING_GRACE_SECONDS | 600                      | an unschedulable pod waits for a new node    |
 
 Services without `spec.image` keep the image they were last applied with until their spec
 changes (`status.image`), so upgrading the operator (a new default image) does not roll
 the whole fleet at once; SLUICE_ROLL_ON_UPGRADE=true moves them to the new default on the
 next reconcile instead.
+
+A pod no node fits is Progressing (reason WaitingForCapacity: a cluster autoscaler or
+Karpenter may be adding a node) for SLUICE_SCHEDULING_GRACE_SECONDS after the scheduler
+first marked it Unschedulable, then Degraded with a Warning Event; 0 makes it Degraded at
+once.
 
 PodMonitors and InferencePools are optional APIs: `auto` uses one where the API server
 serves it; `never` (PodMonitors) deletes ours and creates none; `off` means the operator
@@ -68,6 +74,7 @@ class Settings:
     api_timeout_seconds: float = 30.0
     run_as_user: int | None = constants.RUN_AS_USER
     roll_on_upgrade: bool = False
+    scheduling_grace_seconds: float = 600.0
 
     def __post_init__(self) -> None:
         if not self.default_image or any(c.isspace() for c in self.default_image):
@@ -86,6 +93,10 @@ class Settings:
             )
         if min(self.retry_delay_seconds, self.api_timeout_seconds, self.resync_seconds) <= 0:
             raise ValueError("retry delay, resync period and API timeout must be positive")
+        if self.scheduling_grace_seconds < 0:
+            raise ValueError(
+                f"scheduling grace must not be negative: {self.scheduling_grace_seconds}"
+            )
         if self.retry_max_delay_seconds < self.retry_delay_seconds:
             raise ValueError("the maximum retry delay must not be below the retry delay")
         if self.workers < 1:
@@ -173,6 +184,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resync-seconds", type=float, help="reconcile every object this often")
     parser.add_argument("--workers", type=int, help="objects reconciled at once")
     parser.add_argument("--api-timeout-seconds", type=float, help="timeout of one API request")
+    parser.add_argument(
+        "--scheduling-grace-seconds", type=float,
+        help="an unschedulable pod is Progressing (waiting for a new node) this long, then Degraded",
+    )  # fmt: skip
     parser.add_argument("--run-as-user", help="uid of the runtime pods, or 'none' (platform's)")
     parser.add_argument(
         "--roll-on-upgrade", action="store_true", default=None,

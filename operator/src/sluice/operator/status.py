@@ -5,9 +5,12 @@ template and that ReplicaSet's pods, the HPA, and a failure to apply the spec, i
 From it:
 
   Available    at least one replica (of any version) serves the model
-  Progressing  a rollout or a scale is under way; False once done, or past its deadline
+  Progressing  a rollout or a scale is under way; False once done, or past its deadline.
+               Reason WaitingForCapacity while a pod no node fits is within the
+               scheduling grace (SLUICE_SCHEDULING_GRACE_SECONDS, from its PodScheduled
+               condition's lastTransitionTime): a cluster autoscaler may be adding a node
   Degraded     something needs a human: a pod problem (CrashLoopBackOff, ImagePullBackOff,
-               OOMKilled, Unschedulable, ...), the rollout's deadline passed, the
+               OOMKilled, Unschedulable past the grace, ...), the rollout's deadline passed, the
                Deployment cannot create pods, or the HPA cannot scale
   Ready        serving as asked: at least min(desired, minReplicas) replicas available on
                the current pod template (minReplicas only while autoscaling; otherwise all
@@ -35,7 +38,7 @@ from . import constants as c
 from .builders.common import selector_string
 from .builders.service import service_url
 from .optional import OptionalState, optional_condition
-from .pods import worst_problem
+from .pods import NO_GRACE, CapacityWait, Grace, capacity_waits, parse_time, worst_problem
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,24 @@ def available_condition(rollout: Rollout | None) -> Condition:
     )
 
 
-def progressing_condition(rollout: Rollout | None) -> Condition:
+def progressing_condition(
+    rollout: Rollout | None, waits: Sequence[CapacityWait] = (), pods: int = 0
+) -> Condition:
+    """`waits`: pods of the current template waiting for capacity within the grace (the
+    first to run out first), of `pods`; they make a starting rollout WaitingForCapacity."""
+    condition = _progressing(rollout)
+    if waits and condition.status and condition.reason in ("RollingOut", "ReplicasStarting"):
+        first = waits[0]
+        affected = f"; {len(waits)} of {pods} pods waiting" if pods > 1 else ""
+        message = (
+            f"pod {first.pod} waits for a node: {first.message} (Unschedulable from"
+            f" {first.until} unless a node joins{affected})"
+        )
+        return Condition(c.CONDITION_PROGRESSING, True, "WaitingForCapacity", message)
+    return condition
+
+
+def _progressing(rollout: Rollout | None) -> Condition:
     kind = c.CONDITION_PROGRESSING
     if rollout is None:
         return Condition(kind, False, "DeploymentNotFound", _NO_DEPLOYMENT)
@@ -203,12 +223,13 @@ def degraded_condition(
     rollout: Rollout | None,
     pods: Sequence[Mapping[str, Any]],
     hpa: Mapping[str, Any] | None,
+    grace: Grace = NO_GRACE,
 ) -> Condition:
     kind = c.CONDITION_DEGRADED
     if rollout is not None and rollout.deadline_exceeded:
         message = rollout.deadline_message or f"{_counts(rollout)} available"
         return Condition(kind, True, "ProgressDeadlineExceeded", message)
-    problem = worst_problem(pods)
+    problem = worst_problem(pods, grace)
     if problem is not None:
         worst, count = problem
         affected = f" ({count} of {len(pods)} pods affected)" if len(pods) > 1 else ""
@@ -312,10 +333,30 @@ def hpa_problem(hpa: Mapping[str, Any] | None) -> tuple[str, str] | None:
 # --- the whole status -------------------------------------------------------------------------
 
 
+def scheduling_grace(now: str, seconds: float) -> Grace:
+    """The grace an unschedulable pod gets, as of `now` (an RFC 3339 time)."""
+    at = parse_time(now)
+    return Grace(at, seconds) if at is not None and seconds > 0 else NO_GRACE
+
+
+def capacity_recheck(observed: Observed, *, now: str, grace_seconds: float) -> float | None:
+    """Seconds until the first pod waiting for capacity runs out of grace (when the status
+    must be computed again, though nothing may have changed), or None."""
+    waits = capacity_waits(observed.pods, scheduling_grace(now, grace_seconds))
+    return waits[0].seconds_left if waits else None
+
+
 def compute_status(
-    observed: Observed, *, previous: Mapping[str, Any], now: str, cluster_domain: str
+    observed: Observed,
+    *,
+    previous: Mapping[str, Any],
+    now: str,
+    cluster_domain: str,
+    scheduling_grace_seconds: float = 0.0,
 ) -> dict[str, Any]:
-    """The full status object; absent values are None so a merge patch clears them."""
+    """The full status object; absent values are None so a merge patch clears them.
+    `scheduling_grace_seconds`: how long a pod no node fits counts as waiting for capacity
+    (Progressing) before it is Degraded."""
     deployment = observed.deployment
     rollout = (
         read_rollout(deployment, observed.replica_set, observed.default_replicas)
@@ -323,8 +364,10 @@ def compute_status(
         else None
     )
     available = available_condition(rollout)
-    progressing = progressing_condition(rollout)
-    degraded = degraded_condition(rollout, observed.pods, observed.hpa)
+    grace = scheduling_grace(now, scheduling_grace_seconds)
+    waits = capacity_waits(observed.pods, grace)
+    progressing = progressing_condition(rollout, waits, len(observed.pods))
+    degraded = degraded_condition(rollout, observed.pods, observed.hpa, grace)
     ready = ready_condition(observed, rollout, degraded, progressing)
     phase = derive_phase(observed.failure, ready, progressing, degraded)
     conditions = [ready, available, progressing, degraded]
@@ -397,7 +440,8 @@ def status_changed(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bo
 # reasons of Ready=False that are not the normal course of a rollout
 _QUIET_READY_REASONS = frozenset(
     {"DeploymentNotFound", "DeploymentCreated", "DeploymentUpdated", "RollingOut",
-     "ReplicasStarting", "ScalingDown", "ScaledToZero", "WaitingForGarbageCollection"}
+     "ReplicasStarting", "ScalingDown", "ScaledToZero", "WaitingForGarbageCollection",
+     "WaitingForCapacity"}
 )  # fmt: skip
 
 
