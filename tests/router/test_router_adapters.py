@@ -191,8 +191,7 @@ def decisions(metrics: RouterMetrics) -> dict[str, float]:
         s.labels["reason"]: s.value
         for fam in text_string_to_metric_families(text)
         for s in fam.samples
-        if s.name == C.METRIC_ROUTER_DECISIONS_TOTAL + "_total"
-        or s.name == C.METRIC_ROUTER_DECISIONS_TOTAL
+        if s.name == C.METRIC_ROUTER_DECISIONS_TOTAL
     }
 
 
