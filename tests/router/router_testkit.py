@@ -52,10 +52,12 @@ class Fleet:
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     workers: dict[str, Any] = field(default_factory=dict)  # url -> LaunchedServer
 
-    def start_worker(self, url: str | None = None) -> str:
+    def start_worker(self, url: str | None = None, extra: str = "") -> str:
+        """`extra`: more `sluice serve` flags (one shell-quoted string)."""
         url = url or f"http://127.0.0.1:{free_port()}"
         log = self.logs / f"worker-{url.rsplit(':', 1)[1]}-{int(time.time() * 1000)}.log"
-        cm = launched_server(serve_command(str(self.model), url, WORKER_FLAGS), url,
+        flags = f"{WORKER_FLAGS} {extra}"
+        cm = launched_server(serve_command(str(self.model), url, flags), url,
                              START_TIMEOUT_S, grace_s=20, log_path=log)  # fmt: skip
         self.workers[url] = self.stack.enter_context(cm)
         return url

@@ -1,12 +1,13 @@
 """The router's HTTP front: OpenAI's routes and /generate forwarded to a worker, and the
 router's own /health, /liveness, /metrics and /workers.
 
-- `POST /v1/completions`, `/v1/chat/completions`, `/generate`: routed by the policy.
+- `POST /v1/completions`, `/v1/chat/completions`, `/generate`: routed by the policy (with
+  adapter affinity for a request naming a LoRA adapter, see `policies.py`).
 - `GET /v1/models`: forwarded to the least-loaded healthy worker (not a routing decision).
 - `GET /health`: 200 while at least one worker is healthy, else 503 (readiness).
 - `GET /liveness`: 200 while the process serves (a router with no worker is still alive).
 - `GET /metrics`: the router's Prometheus metrics (see `metrics.py`).
-- `GET /workers`: the pool as JSON (url, source, healthy, in_flight, tree size, why down).
+- `GET /workers`: the pool as JSON (url, source, healthy, in_flight, tree size, adapters, why down).
 
 The client's `Authorization` header travels to the worker, so an API key is checked where it
 is configured: on the workers.
@@ -25,7 +26,7 @@ from starlette.routing import Route
 
 from sluice.runtime import constants as C
 from sluice.runtime.disconnect import ClientGone, unless_disconnected
-from sluice.runtime.router.keys import EMPTY, routing_key
+from sluice.runtime.router.keys import RequestRoute, request_route
 from sluice.runtime.router.metrics import RouterMetrics
 from sluice.runtime.router.policies import LeastLoad, Policy
 from sluice.runtime.router.proxy import (
@@ -56,7 +57,8 @@ class RouterApp:
         body = await request.body()
         received_at = time.perf_counter()
         path = request.url.path
-        key = routing_key(path, body) if routed else EMPTY
+        route = request_route(path, body) if routed else RequestRoute()
+        adapters = self.pool.adapters_wanted(route.model, route.adapters)
         query = request.url.query
         outgoing = Outgoing(
             method=request.method,
@@ -66,7 +68,8 @@ class RouterApp:
         )
         try:
             upstream = await unless_disconnected(
-                request, self.forwarder.open(outgoing, policy, key, routed, received_at)
+                request,
+                self.forwarder.open(outgoing, policy, route.key, routed, received_at, adapters),
             )
         except ClientGone:
             logger.info("request aborted path=%s reason=client-gone-before-response", path)
@@ -107,6 +110,7 @@ class RouterApp:
                         "healthy": w.healthy,
                         "in_flight": w.in_flight,
                         "tree_characters": w.tree.size,
+                        "adapters": sorted(w.adapters),
                         "down_reason": None if w.healthy else w.down_reason,
                     }
                     for w in self.pool.workers.values()

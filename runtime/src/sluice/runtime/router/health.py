@@ -4,6 +4,10 @@ A healthy worker is probed every `interval`; `failure_threshold` failures in a r
 out. An out (or never yet healthy) worker is probed when its backoff is over (doubling from
 `backoff_initial` to `backoff_max`), and rejoins on its first 200. A 503 (starting,
 draining) is a failure like a refused connection.
+
+After each good probe the worker's `GET /v1/models` is read too (its LoRA adapters, for
+adapter affinity); a failed or unreadable answer (e.g. 401 from a worker with an API key,
+which the router does not hold) leaves what the router knew of it unchanged.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from sluice.runtime.router.workers import Worker, WorkerPool
 
 logger = logging.getLogger("sluice.router")
 
+MODELS_PATH = "/v1/models"
 TICK_S = 0.1  # how often the monitor looks for probes that are due
 
 
@@ -45,6 +50,16 @@ class HealthMonitor:
         except httpx.HTTPError:
             return False
 
+    async def read_models(self, worker: Worker) -> None:
+        try:
+            resp = await self.client.get(worker.url + MODELS_PATH, timeout=self.config.timeout)
+            if resp.status_code == 200:
+                worker.set_models(resp.json().get("data"))
+            else:
+                logger.debug("GET /v1/models of %s: HTTP %d", worker.url, resp.status_code)
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            logger.debug("GET /v1/models of %s failed: %r", worker.url, exc)
+
     async def check(self, worker: Worker) -> None:
         """One probe, and what follows from it."""
         ok = await self.probe(worker)
@@ -52,6 +67,10 @@ class HealthMonitor:
         if worker.url not in self.pool.workers:
             return  # left the pool meanwhile
         if ok:
+            await self.read_models(worker)  # before it joins: its adapters are known then
+            now = time.monotonic()
+            if worker.url not in self.pool.workers:
+                return
             self.pool.mark_up(worker)
             worker.next_probe_at = now + self.config.interval
             return

@@ -7,11 +7,16 @@
 
 The key never fails a request: a body the router cannot read routes with an empty key (no
 prefix to match) and the worker answers it with its own error.
+
+`request_route` also reads, from the same parse of the body, what adapter affinity needs:
+the OpenAI routes' `model` (an adapter's name, or the base model's) and /generate's
+`lora_path` (a name or folder; one, or one per prompt) or `lora_name`.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from sluice.runtime.router.prefix_tree import Key
@@ -19,13 +24,41 @@ from sluice.runtime.router.prefix_tree import Key
 EMPTY: Key = ""
 
 
+@dataclass(frozen=True)
+class RequestRoute:
+    key: Key = EMPTY
+    model: str | None = None  # OpenAI routes: the `model` field
+    adapters: frozenset[str] = frozenset()  # /generate: the adapters lora_path/lora_name name
+
+
 def routing_key(path: str, body: bytes) -> Key:
+    return request_route(path, body).key
+
+
+def request_route(path: str, body: bytes) -> RequestRoute:
+    """The routing key and the adapter fields, from one parse of the body."""
     try:
         data = json.loads(body) if body else None
     except (ValueError, UnicodeDecodeError):
-        return EMPTY
+        return RequestRoute()
     if not isinstance(data, dict):
-        return EMPTY
+        return RequestRoute()
+    key = _key(path, data)
+    if path == "/generate":
+        return RequestRoute(key, adapters=_generate_adapters(data))
+    model = data.get("model")
+    return RequestRoute(key, model=model if isinstance(model, str) and model else None)
+
+
+def _generate_adapters(data: dict[str, Any]) -> frozenset[str]:
+    lora_path = data.get("lora_path")
+    wanted = lora_path if isinstance(lora_path, list) else [lora_path]
+    if lora_path is None:
+        wanted = [data.get("lora_name")]
+    return frozenset(v for v in wanted if isinstance(v, str) and v)
+
+
+def _key(path: str, data: dict[str, Any]) -> Key:
     if path.endswith("/chat/completions"):
         return _chat_key(data.get("messages"))
     if path.endswith("/completions"):

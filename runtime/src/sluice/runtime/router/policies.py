@@ -14,6 +14,11 @@ cache-aware (SGLang's router's algorithm, over one approximate tree per worker):
    most room for new prefixes), then in turn.
 The key is then inserted into the chosen worker's tree.
 
+Adapter affinity (any policy; `choose_for_adapters`): a request that needs LoRA adapters
+goes, among the workers that list them all in their /v1/models, where the policy chooses
+(reason `adapter_affinity`); when none lists them, to the least-loaded worker (reason
+`adapter_fallback`), which serves it if it has the adapter by then or answers its own 404.
+
 Ties between equally loaded workers are broken in turn (a rotating start), so that
 sequential requests spread over idle workers instead of all landing on the first.
 """
@@ -34,9 +39,11 @@ REASON_LEAST_LOAD = "least_load"
 REASON_PREFIX_MATCH = "prefix_match"
 REASON_NO_MATCH = "no_match"
 REASON_IMBALANCE = "imbalance"
+REASON_ADAPTER_AFFINITY = "adapter_affinity"
+REASON_ADAPTER_FALLBACK = "adapter_fallback"
 REASONS = (
     REASON_ROUND_ROBIN, REASON_RANDOM, REASON_LEAST_LOAD, REASON_PREFIX_MATCH,
-    REASON_NO_MATCH, REASON_IMBALANCE,
+    REASON_NO_MATCH, REASON_IMBALANCE, REASON_ADAPTER_AFFINITY, REASON_ADAPTER_FALLBACK,
 )  # fmt: skip
 
 
@@ -147,6 +154,24 @@ class CacheAware:
         tied = least_loaded(workers)
         smallest = min(w.tree.size for w in tied)
         return self._turn.pick([w for w in tied if w.tree.size == smallest])
+
+
+def choose_for_adapters(
+    policy: Policy,
+    fallback: LeastLoad,
+    workers: Sequence[Worker],
+    key: Key,
+    adapters: frozenset[str],
+) -> Decision:
+    """`policy`'s choice among the workers holding every adapter in `adapters` (all of
+    `workers` when it is empty), else `fallback`'s among all."""
+    if not adapters:
+        return policy.choose(workers, key)
+    holders = [w for w in workers if adapters <= w.adapters]
+    if holders:
+        chosen = policy.choose(holders, key)
+        return Decision(chosen.worker, REASON_ADAPTER_AFFINITY, chosen.match_len)
+    return Decision(fallback.choose(workers, key).worker, REASON_ADAPTER_FALLBACK)
 
 
 def make_policy(name: str, config: CacheAwareConfig) -> Policy:

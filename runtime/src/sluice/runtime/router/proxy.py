@@ -29,7 +29,7 @@ import httpx
 
 from sluice.runtime import constants as C
 from sluice.runtime.router.metrics import RouterMetrics
-from sluice.runtime.router.policies import Decision, Policy
+from sluice.runtime.router.policies import Decision, LeastLoad, Policy, choose_for_adapters
 from sluice.runtime.router.prefix_tree import Key
 from sluice.runtime.router.workers import Worker, WorkerPool
 
@@ -117,6 +117,7 @@ class Forwarder:
         self.client = client
         self.metrics = metrics
         self.request_timeout = request_timeout or None
+        self._adapter_fallback = LeastLoad()
 
     async def open(
         self,
@@ -125,9 +126,11 @@ class Forwarder:
         key: Key,
         count: bool = True,
         received_at: float | None = None,
+        adapters: frozenset[str] = frozenset(),
     ) -> Upstream:
         """`count`: record the routing decision (generation routes) or not (/v1/models).
-        `received_at`: `time.perf_counter()` when the router had the request's body."""
+        `received_at`: `time.perf_counter()` when the router had the request's body.
+        `adapters`: the LoRA adapters the request needs (adapter affinity, `policies.py`)."""
         received_at = time.perf_counter() if received_at is None else received_at
         tried: set[str] = set()
         last_error = ""
@@ -135,7 +138,9 @@ class Forwarder:
             candidates = [w for w in self.pool.healthy() if w.url not in tried]
             if not candidates:
                 break
-            decision: Decision = policy.choose(candidates, key)
+            decision: Decision = choose_for_adapters(
+                policy, self._adapter_fallback, candidates, key, adapters
+            )
             if count:
                 self.metrics.on_decision(decision)
             if attempt:

@@ -8,6 +8,10 @@ worker that was down has most likely restarted with a cold cache).
 Workers come from `--worker-urls` (static, never removed) and from discovery (removed when
 their endpoint stops being ready). A removed worker's in-flight requests finish; their
 counts go to the detached `Worker` object.
+
+Each worker's `GET /v1/models` is read with its health probes: `adapters` holds the names and
+folders (`root`) of the LoRA adapters it lists (cards with a `parent`), `base_models` the id
+and root of its base model (cards without one). A worker taken out forgets its adapters.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sluice.runtime.router.prefix_tree import PrefixTree
 
@@ -36,6 +41,21 @@ class Worker:
     backoff: float = 0.0  # seconds until the next probe of an out worker
     next_probe_at: float = 0.0  # time.monotonic(); 0: probe at once
     down_reason: str = "not probed yet"
+    adapters: frozenset[str] = frozenset()  # LoRA adapters its /v1/models lists (name, root)
+    base_models: frozenset[str] | None = None  # its base model (id, root); None: not read yet
+
+    def set_models(self, cards: Any) -> None:
+        """Take in a /v1/models `data` list; anything else leaves what is known unchanged."""
+        if not isinstance(cards, list):
+            return
+        adapters: set[str] = set()
+        bases: set[str] = set()
+        for card in cards:
+            if not isinstance(card, dict):
+                continue
+            names = {v for v in (card.get("id"), card.get("root")) if isinstance(v, str) and v}
+            (adapters if card.get("parent") else bases).update(names)
+        self.adapters, self.base_models = frozenset(adapters), frozenset(bases)
 
 
 @dataclass
@@ -85,6 +105,16 @@ class WorkerPool:
     def healthy(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.healthy]
 
+    def adapters_wanted(self, model: str | None, adapters: frozenset[str]) -> frozenset[str]:
+        """The adapters a request needs: /generate's, else its `model` unless that is a base
+        model some worker serves (or no worker's model list is known yet)."""
+        if adapters or model is None:
+            return adapters
+        known = [w.base_models for w in self.workers.values() if w.base_models is not None]
+        if not known or any(model in bases for bases in known):
+            return frozenset()
+        return frozenset({model})
+
     def mark_up(self, worker: Worker) -> None:
         worker.probe_failures = 0
         worker.backoff = 0.0
@@ -99,6 +129,7 @@ class WorkerPool:
         worker.backoff = self.backoff.next(worker.backoff)
         worker.next_probe_at = now + worker.backoff
         worker.down_reason = reason
+        worker.adapters = frozenset()
         if worker.healthy:
             worker.healthy = False
             worker.tree.clear()
