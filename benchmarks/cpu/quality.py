@@ -1,19 +1,28 @@
 """Quality of the CPU fast path against Sluice's own fp32 (HF-exact) forward, same weights.
 
     python -m benchmarks.cpu.quality [--configs bf16-cpu,w8a8-cpu] [--new-tokens 32]
+    python -m benchmarks.cpu.quality --served [--new-tokens 32]
 
 For each configuration: greedy generations of `--new-tokens` tokens on a fixed set of chat
 prompts (share of prompts whose first 8 words equal fp32's, mean share of tokens equal up
 to the first difference) and the perplexity of a fixed text. The reference is
 `fp32-torch` (the path the fp32 logits-vs-transformers tests pin).
+
+`--served` asks the same through real servers as users run them (the `cpu` backend, the
+radix cache on; `--dtype float32`, `--dtype bfloat16`, and bf16 with `--quantization
+w8a8`): every prompt twice, the repeat answered over its cached prefix, each compared with
+the fp32 server's first answer.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import socket
+import tempfile
 from pathlib import Path
 
+import httpx
 import torch
 
 from benchmarks.cpu.step import Runner, load
@@ -91,16 +100,66 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+SERVED = {
+    "fp32": "--dtype float32",
+    "bf16": "--dtype bfloat16",
+    "w8a8": "--dtype bfloat16 --quantization w8a8",
+}
+
+
+def served_answers(flags: str, prompts: list[list[int]], new_tokens: int) -> list[list[list[int]]]:
+    """Per prompt, the output ids of its first ask and of its repeat, from one server."""
+    from benchmarks.serving.server import launched_server, serve_command
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    body = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    answers = []
+    with tempfile.TemporaryDirectory() as tmp, launched_server(
+        serve_command("smollm2-135m", url, flags), url, 600, log_path=Path(tmp) / "server.log"
+    ):
+        for ids in prompts:
+            asks = []
+            for _ in range(2):
+                r = httpx.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": body},
+                               timeout=600)  # fmt: skip
+                r.raise_for_status()
+                asks.append(r.json()["output_ids"])
+            answers.append(asks)
+    return answers
+
+
+def served_report(tokenizer, prompts: list[list[int]], new_tokens: int) -> None:
+    results = {name: served_answers(flags, prompts, new_tokens) for name, flags in SERVED.items()}
+    reference = [first for first, _ in results["fp32"]]
+    print(f"{len(prompts)} chat prompts, {new_tokens} greedy tokens through the server "
+          "(radix cache on); each asked twice, compared with the fp32 server's first answer")
+    print(f"{'config':<8}{'first ask: 8 words = fp32':>28}{'repeat: 8 words = fp32':>25}"
+          f"{'repeat = first ask':>21}")
+    for name, asks in results.items():
+        first = sum(first_words_equal(tokenizer, a, r) for (a, _), r in zip(asks, reference, strict=True))
+        again = sum(first_words_equal(tokenizer, b, r) for (_, b), r in zip(asks, reference, strict=True))
+        same = sum(a == b for a, b in asks)
+        n = len(prompts)
+        print(f"{name:<8}{first:>20}/{n:<7}{again:>17}/{n:<7}{same:>13}/{n:<7}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-path", default="")
     parser.add_argument("--configs", default="fp32-cpu,bf16-cpu,w8a8-cpu")
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--served", action="store_true",
+                        help="through real servers with the radix cache on, each prompt twice")
     args = parser.parse_args()
     path = Path(args.model_path) if args.model_path else resolve_model_path(
         "smollm2-135m", default_cache_dir())
     tokenizer = load_tokenizer(path)
     prompts = [chat_ids(tokenizer, p) for p in PROMPTS]
+    if args.served:
+        served_report(tokenizer, prompts, args.new_tokens)
+        return
     text_ids = tokenizer.encode(TEXT)
     results = {}
     for config in ["fp32-torch", *args.configs.split(",")]:
