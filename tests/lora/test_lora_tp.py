@@ -12,7 +12,7 @@ from lora_adapters import PeftOracle, make_adapter
 from server_process import serve
 from tiny_model import make_tiny_llama
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
 PROMPTS = [[5, 17, 33, 42, 9, 11], [60, 61, 62, 63, 64, 65, 66, 67, 68]]
 NEW = 8

@@ -14,7 +14,7 @@ from router_testkit import scrape, wait_until
 
 from sluice.runtime import constants as C
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
 LORA_FLAGS = "--enable-lora --max-lora-rank 16 --max-loras 2"
 
