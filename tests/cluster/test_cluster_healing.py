@@ -61,7 +61,7 @@ def test_an_edited_operator_field_is_reverted(kube: Kube, operator: OperatorProc
     wait_until(
         "the image reverted",
         lambda: container(deployment(kube, ns, "chat"))["image"] == image,
-        timeout=60,
+        timeout=180,  # the operator's next reconcile; on a loaded 2-core machine, tens of seconds
         explain=operator.tail,
     )
 
