@@ -55,12 +55,15 @@ def test_deleted_service_and_deployment_come_back(kube: Kube, operator: Operator
 
 def test_an_edited_operator_field_is_reverted(kube: Kube, operator: OperatorProcess, ns: str):
     create_ready(kube, ns, "chat")
-    image = container(deployment(kube, ns, "chat"))["image"]
+    before = deployment(kube, ns, "chat")
+    image, generation = container(before)["image"], before["metadata"]["generation"]
     kube.kubectl("set", "image", "-n", ns, "deployment/chat", "runtime=evil:1")
-    assert container(deployment(kube, ns, "chat"))["image"] == "evil:1"
+    # the operator may revert before a read could see the edit: the generation counts both
+    # writes (the edit, then the revert), so the edit is proven without racing the operator
     wait_until(
         "the image reverted",
-        lambda: container(deployment(kube, ns, "chat"))["image"] == image,
+        lambda: (now := deployment(kube, ns, "chat"))["metadata"]["generation"] >= generation + 2
+        and container(now)["image"] == image,
         timeout=180,  # the operator's next reconcile; on a loaded 2-core machine, tens of seconds
         explain=operator.tail,
     )
