@@ -105,15 +105,20 @@ def hold_env(folder: Path) -> tuple[Hold, dict[str, str]]:
     return Hold(folder), {ENV_HOLD_DIR: str(folder)}
 
 
-def wait_for(check: Any, timeout: float = 30.0, every: float = 0.05) -> Any:
-    """`check()`'s first truthy result, polling until `timeout` (then AssertionError)."""
+def wait_for(
+    check: Any, timeout: float = 30.0, every: float = 0.05, what: str = "", explain: Any = None
+) -> Any:
+    """`check()`'s first truthy result, polling until `timeout`; then an AssertionError that
+    names `what` and adds `explain()` (the state a reader needs to see why)."""
     deadline = time.monotonic() + timeout
     while True:
         result = check()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition still {result!r} after {timeout}s")
+            waited = f"waiting for {what}: " if what else ""
+            detail = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(f"{waited}condition still {result!r} after {timeout}s{detail}")
         time.sleep(every)
 
 

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
 import local_cluster  # noqa: E402
+from server_process import wait_for  # noqa: E402
 
 T = TypeVar("T")
 ISVC = "inferenceservices.sluice.dev"
@@ -42,14 +42,7 @@ def wait_until(
 ) -> T:
     """Poll `probe` until it returns something truthy, and return that; fail after `timeout`
     with `what` and `explain()` (what the cluster looks like now)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{explain()}")
-        time.sleep(interval)
+    return wait_for(probe, timeout=timeout, every=interval, what=what, explain=explain)
 
 
 @dataclass
