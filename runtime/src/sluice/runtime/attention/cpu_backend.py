@@ -3,8 +3,9 @@
 Decode and extend go through one compiled kernel (`kernels/csrc/paged_attention.cpp`,
 `torch.ops.sluice_cpu.paged_attention`): each request's keys and values are read straight
 from the pool through its row of `req_to_token`, the query heads of a KV head share every
-load, long sequences are split over threads (split-KV with an online softmax), and the work
-is dealt to threads by cost, so a skewed batch costs what a uniform one of the same total
+load, long sequences are split over threads (split-KV with an online softmax, in chunks at
+fixed key positions, so a token's output does not depend on how its forward was cut), and
+the work is dealt to threads by cost, so a skewed batch costs what a uniform one of the same total
 length costs. A cached prefix is read in place by every chunk of an extend. A layer's sliding window,
 sink logits and soft-cap (`LayerAttention`) are kernel arguments; a windowed layer reads
 only its window's keys.
@@ -32,8 +33,10 @@ from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 logger = logging.getLogger(__name__)
 
-DECODE_KV_CHUNK = 256  # keys per split-KV chunk of a decode query
-EXTEND_KV_CHUNK = 1 << 30  # extend: query blocks give the parallelism, no key split
+# keys per split-KV chunk, the same for decode and extend: chunks sit at whole multiples of
+# it in key positions, so a query's keys are summed in the same groups whether it is computed
+# in a prefill, after a cached prefix, in a chunk or as a decode step (cache invariance)
+KV_CHUNK = 256
 QUERY_BLOCK = 16  # extend queries per work unit (times the GQA group = rows)
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # of q and of the cache; others run torch
 
@@ -73,12 +76,11 @@ class CpuAttentionBackend(AttentionBackend):
             return
         extend = torch.tensor(batch.extend_lens_cpu, dtype=torch.int64)
         seq = torch.tensor(batch.seq_lens_cpu, dtype=torch.int64)
-        decode = batch.mode == ForwardMode.DECODE
         self._meta = _Metadata(
             rows=batch.req_pool_indices.to("cpu", torch.int64),
             prefix_lens=seq - extend,
             extend_lens=extend,
-            kv_chunk=DECODE_KV_CHUNK if decode else EXTEND_KV_CHUNK,
+            kv_chunk=KV_CHUNK,
         )
 
     def forward(

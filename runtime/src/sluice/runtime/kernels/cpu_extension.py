@@ -1,7 +1,8 @@
 """Build (once) and load the CPU kernels, `torch.ops.sluice_cpu.*`.
 
-`csrc/paged_attention.cpp` (the `cpu` attention backend) and `csrc/fused_ops.cpp` (RMSNorm,
-rotary embedding, SiLU-and-multiply in one pass each) are compiled by `torch.utils.cpp_extension` with
+`csrc/paged_attention.cpp` (the `cpu` attention backend), `csrc/fused_ops.cpp` (RMSNorm,
+rotary embedding, SiLU-and-multiply in one pass each) and `csrc/linear.cpp` (row-invariant
+bf16 linear layers: AMX, AVX512-BF16 or AVX2) are compiled by `torch.utils.cpp_extension` with
 `-O3 -march=native -fopenmp` into a folder keyed by the source, the torch version and the
 CPU's flags, under the model cache dir (`$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`).
 The first process builds it (an flock makes concurrent processes build once, ~15-30 s);
@@ -28,7 +29,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / name for name in ("paged_attention.cpp", "fused_ops.cpp")]
+SOURCES = [CSRC / name for name in ("paged_attention.cpp", "fused_ops.cpp", "linear.cpp")]
 HEADERS = [CSRC / "cpu_math.h"]
 NAME = "sluice_cpu_kernels"
 # reassociation lets the compiler vectorise sums as trees (dot products, softmax sums);
@@ -89,7 +90,7 @@ def _exclusive_build(folder: Path) -> Iterator[None]:
 @functools.cache
 def load() -> str | None:
     """Load the kernels; None when they are loaded, else the reason they are not."""
-    if hasattr(torch.ops.sluice_cpu, "paged_attention"):
+    if hasattr(torch.ops.sluice_cpu, "paged_attention") and hasattr(torch.ops.sluice_cpu, "linear"):
         return None
     if not compiler_available():
         return "no C++ compiler on PATH"

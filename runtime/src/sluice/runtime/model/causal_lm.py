@@ -87,7 +87,9 @@ class CausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """The last layer's hidden states to fp32 logits at the rows `forward` returns (the
-        final norm and the LM head run on those rows only)."""
+        final norm and the LM head run on those rows only). The LM head sums and writes fp32
+        whatever the model dtype: bf16 logits near 25 are 0.125 apart, so a near-tie became
+        an exact tie that the lower token id won."""
         if not batch.return_all_logits:
             wanted = batch.last_token_indices
             if batch.extra_logit_indices is not None:
@@ -97,8 +99,8 @@ class CausalLM(nn.Module):
         if batch.row_multiple > 1:  # deterministic mode: a batch-invariant row count
             padded = max(batch.row_multiple, -(-rows // batch.row_multiple) * batch.row_multiple)
             hidden = torch.cat([hidden, hidden.new_zeros(padded - rows, hidden.shape[1])])
-        logits = gather_logits(self.lm_head(self.norm(hidden)), self.config.vocab_size, self.tp)
-        return logits[:rows].float()
+        logits = self.lm_head.forward_fp32(self.norm(hidden))
+        return gather_logits(logits, self.config.vocab_size, self.tp)[:rows]
 
     def load_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]

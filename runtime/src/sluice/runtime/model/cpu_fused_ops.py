@@ -1,5 +1,6 @@
-"""Switch a model's RMSNorm, rotary embedding, SiLU-and-multiply (and w8a8's activation
-quantization and rescaling) to the compiled CPU ops. Call it after quantizing.
+"""Switch a model's RMSNorm, rotary embedding, SiLU-and-multiply, bf16 linear layers (and
+w8a8's activation quantization and rescaling) to the compiled CPU ops. Call it after
+quantizing.
 
 Each is one pass over its rows instead of 3 to 12 torch ops with their temporaries; the ops
 round where transformers' bf16 code rounds (see `kernels/csrc/fused_ops.cpp`), so bf16
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from sluice.runtime.kernels import cpu_extension
-from sluice.runtime.model.layers import RMSNorm, SwiGLUMLP
+from sluice.runtime.model.layers import Linear, RMSNorm, SwiGLUMLP
 from sluice.runtime.model.llama import LlamaAttention
 from sluice.runtime.model.moe import MoE
 from sluice.runtime.model.quantization import W8A8Linear
@@ -27,6 +28,6 @@ def enable(model: nn.Module) -> str | None:
     if reason is not None:
         return reason
     for module in model.modules():
-        if isinstance(module, (RMSNorm, SwiGLUMLP, LlamaAttention, W8A8Linear, MoE)):
+        if isinstance(module, (Linear, RMSNorm, SwiGLUMLP, LlamaAttention, W8A8Linear, MoE)):
             module.fused = True
     return None

@@ -4,7 +4,10 @@ Parameters are allocated uninitialised (`torch.empty`) directly on the target de
 dtype: every one of them is overwritten by `load_weights`, so random init is wasted work.
 
 With `fused` set (`model.cpu_fused_ops.enable`), RMSNorm and SiLU-and-multiply run as one
-compiled CPU op each (`torch.ops.sluice_cpu.*`) instead of a chain of torch ops.
+compiled CPU op each (`torch.ops.sluice_cpu.*`) instead of a chain of torch ops, and bf16
+linear layers run `sluice_cpu.linear`, whose every output sums K in one fixed order whatever
+the row count (`kernels/csrc/linear.cpp`): a token's result does not depend on what shares
+its forward.
 """
 
 from __future__ import annotations
@@ -14,8 +17,15 @@ import torch.nn.functional as F
 from torch import nn
 
 
+# fp32 logits without the kernel: the weight converted this many rows at a time, so no fp32
+# copy of a whole (vocabulary-sized) matrix is ever made
+_FP32_SLICE_ROWS = 4096
+
+
 class Linear(nn.Module):
     """`y = x @ W.T + b`; the weight may be several HF projections stacked by rows."""
+
+    fused = False  # bf16 on the CPU: the row-invariant compiled kernel (cpu_fused_ops)
 
     def __init__(
         self,
@@ -36,7 +46,33 @@ class Linear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and x.dtype == torch.bfloat16 == self.weight.dtype:
+            return self._kernel(x, torch.bfloat16)
         return F.linear(x, self.weight, self.bias)
+
+    def forward_fp32(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ W.T + b` summed and returned in fp32 from weights of any dtype (the LM head:
+        bf16 logits tie values one bf16 step apart). Never makes an fp32 copy of the weight."""
+        if self.fused and x.dtype == torch.bfloat16 == self.weight.dtype:
+            return self._kernel(x, torch.float32)
+        if self.weight.dtype == torch.float32:
+            return F.linear(x.float(), self.weight, self.bias)
+        if x.is_cuda:  # cuBLAS: bf16/fp16 inputs, fp32 accumulation and output
+            out = torch.mm(x.reshape(-1, x.shape[-1]), self.weight.t(), out_dtype=torch.float32)
+            out = out.view(*x.shape[:-1], -1)
+            return out if self.bias is None else out + self.bias.float()
+        x32 = x.float()
+        pieces = [
+            F.linear(x32, self.weight[i : i + _FP32_SLICE_ROWS].float())
+            for i in range(0, self.weight.shape[0], _FP32_SLICE_ROWS)
+        ]
+        out = torch.cat(pieces, dim=-1)
+        return out if self.bias is None else out + self.bias.float()
+
+    def _kernel(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        out = torch.ops.sluice_cpu.linear(rows, self.weight, self.bias, out_dtype)
+        return out.view(*x.shape[:-1], out.shape[-1])
 
     def load_rows(self, kind: str, tensor: torch.Tensor, start: int) -> None:
         """Copy an HF projection's `weight` or `bias` into rows `[start, start + len)`."""

@@ -67,10 +67,16 @@ inline v16 load16(const float* p) {
 
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
 
+// The 16 lanes summed by one fixed tree (halves, quarters, eighths, pairs): every score of
+// every row takes the same steps, so it does not depend on how many rows share the unit.
+typedef int32_t i16 __attribute__((vector_size(64)));
+
 inline float sum16(v16 v) {
-  float s = 0.0f;
-  for (int l = 0; l < 16; ++l) s += v[l];
-  return s;
+  v += __builtin_shuffle(v, i16{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+  v += __builtin_shuffle(v, i16{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+  v += __builtin_shuffle(v, i16{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+  v += __builtin_shuffle(v, i16{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  return v[0];
 }
 
 inline void load_row(const float* src, float* dst, int n) {
@@ -103,7 +109,8 @@ struct Unit {
   int32_t q_end;
   int32_t k_begin;  // key positions
   int32_t k_end;
-  int32_t chunk;    // index of this key chunk within its query block
+  int32_t chunk;    // index of this key chunk within its query block (chunks sit at whole
+                    // multiples of kv_chunk in key positions, whatever the query block)
   int32_t num_chunks;
   int64_t partial;  // first row of this unit in the partial buffers (-1: write output)
   int64_t cost;
@@ -122,6 +129,7 @@ struct Problem {
   int64_t window;        // 0: full attention
   const float* sinks;    // [num_heads] or nullptr
   float softcap;         // 0: off
+  int64_t kv_chunk;      // keys per split-KV chunk
 };
 
 // Scores, softmax and the value sum of one unit. Rows are (query, head in group).
@@ -143,7 +151,6 @@ void run_unit(const Problem& p, const Unit& u, const scalar_t* q, const cache_t*
   std::vector<float> scores(static_cast<size_t>(R) * kBlockKeys);
   std::vector<int32_t> limit(R);  // keys visible to a row: positions < limit
   std::vector<int32_t> low(R, 0);  // and positions >= low (the sliding window)
-  alignas(64) float kt[kMaxHeadDim * kBlockKeys];  // keys of a block, transposed [D][keys]
   alignas(64) float vb[kBlockKeys * kMaxHeadDim];  // values of a block [keys][D]
   alignas(64) float kb[kMaxHeadDim];
 
@@ -156,54 +163,32 @@ void run_unit(const Problem& p, const Unit& u, const scalar_t* q, const cache_t*
       for (int d = 0; d < D; ++d) qf[static_cast<size_t>(r) * D + d] *= p.scale;
       limit[r] = static_cast<int32_t>(prefix + u.q_begin + qi + 1);
       if (p.window > 0) low[r] = static_cast<int32_t>(std::max<int64_t>(0, limit[r] - p.window));
-      if (p.sinks != nullptr && u.chunk == 0) {
+      // the sink joins the chunk of the row's first visible key: the same chunk however
+      // the row's query block or forward was cut
+      if (p.sinks != nullptr && low[r] / p.kv_chunk == u.k_begin / p.kv_chunk) {
         m[r] = p.sinks[head];  // the sink's term exp(sink - m) = 1, its value zero
         l[r] = 1.0f;
       }
     }
   }
   const int64_t head_offset = static_cast<int64_t>(u.kv_head) * D;
-  const bool transposed = R > 4;  // many rows: score a key block as a small GEMM
 
   for (int j = u.k_begin; j < std::min(u.k_end, u.k_begin + kPrefetchKeys); ++j)
     prefetch_row(k_cache + slots[j] * p.cache_stride + head_offset, D);
   for (int k0 = u.k_begin; k0 < u.k_end; k0 += kBlockKeys) {
     const int nk = std::min(kBlockKeys, u.k_end - k0);
-    // scores[r][j] = q_r . k_{k0+j}
-    if (transposed) {
-      for (int j = 0; j < nk; ++j) {
-        if (k0 + j + kPrefetchKeys < u.k_end)
-          prefetch_row(k_cache + slots[k0 + j + kPrefetchKeys] * p.cache_stride + head_offset, D);
-        prefetch_row(v_cache + slots[k0 + j] * p.cache_stride + head_offset, D);
-        load_row(k_cache + slots[k0 + j] * p.cache_stride + head_offset, kb, D);
-        for (int d = 0; d < D; ++d) kt[d * kBlockKeys + j] = kb[d];
-      }
-      for (int j = nk; j < kBlockKeys; ++j)
-        for (int d = 0; d < D; ++d) kt[d * kBlockKeys + j] = 0.0f;
-      static_assert(kBlockKeys == 32, "the score loop keeps 32 keys in two registers");
+    // scores[r][j] = q_r . k_{k0+j}: 16 lanes over d, then one fixed tree (`sum16`); the same
+    // steps for a decode row and for a row of a long prefill
+    for (int j = 0; j < nk; ++j) {
+      if (k0 + j + kPrefetchKeys < u.k_end)
+        prefetch_row(k_cache + slots[k0 + j + kPrefetchKeys] * p.cache_stride + head_offset, D);
+      prefetch_row(v_cache + slots[k0 + j] * p.cache_stride + head_offset, D);
+      load_row(k_cache + slots[k0 + j] * p.cache_stride + head_offset, kb, D);
       for (int r = 0; r < R; ++r) {
         const float* qr = &qf[static_cast<size_t>(r) * D];
-        v16 t0 = {}, t1 = {};  // register accumulators: no store-to-load chain per d
-        for (int d = 0; d < D; ++d) {
-          const float qd = qr[d];
-          t0 += qd * load16(&kt[d * kBlockKeys]);
-          t1 += qd * load16(&kt[d * kBlockKeys + 16]);
-        }
-        store16(&scores[static_cast<size_t>(r) * kBlockKeys], t0);
-        store16(&scores[static_cast<size_t>(r) * kBlockKeys + 16], t1);
-      }
-    } else {
-      for (int j = 0; j < nk; ++j) {
-        if (k0 + j + kPrefetchKeys < u.k_end)
-          prefetch_row(k_cache + slots[k0 + j + kPrefetchKeys] * p.cache_stride + head_offset, D);
-        prefetch_row(v_cache + slots[k0 + j] * p.cache_stride + head_offset, D);
-        load_row(k_cache + slots[k0 + j] * p.cache_stride + head_offset, kb, D);
-        for (int r = 0; r < R; ++r) {
-          const float* qr = &qf[static_cast<size_t>(r) * D];
-          v16 dot = {};
-          for (int d0 = 0; d0 < D; d0 += 16) dot += load16(qr + d0) * load16(kb + d0);
-          scores[static_cast<size_t>(r) * kBlockKeys + j] = sum16(dot);
-        }
+        v16 dot = {};
+        for (int d0 = 0; d0 < D; d0 += 16) dot += load16(qr + d0) * load16(kb + d0);
+        scores[static_cast<size_t>(r) * kBlockKeys + j] = sum16(dot);
       }
     }
     for (int j = 0; j < nk; ++j)
@@ -338,7 +323,8 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
   TORCH_CHECK(req_to_token.scalar_type() == at::kInt && req_to_token.dim() == 2,
               "req_to_token must be a 2-D int32 table");
   TORCH_CHECK(req_to_token.stride(1) == 1, "req_to_token rows must be contiguous");
-  TORCH_CHECK(kv_chunk >= kBlockKeys && query_block >= 1, "bad kv_chunk or query_block");
+  TORCH_CHECK(kv_chunk >= kBlockKeys && kv_chunk % kBlockKeys == 0 && query_block >= 1,
+              "kv_chunk must be a multiple of 32 and query_block >= 1");
   const at::Tensor q = q_in.contiguous();
   const at::Tensor rows = req_pool_indices.to(at::kLong).contiguous();
   const at::Tensor prefix = prefix_lens.to(at::kLong).contiguous();
@@ -378,8 +364,12 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
         const int64_t qe = std::min(ext[i], qb + query_block);
         const int64_t keys = pre[i] + qe;  // the block's last query sees this many keys
         // the block's first query sees from here on (0 without a window)
-        const int64_t k_lo = window > 0 ? std::max<int64_t>(0, pre[i] + qb + 1 - window) : 0;
-        const int64_t chunks = (keys - k_lo + kv_chunk - 1) / kv_chunk;
+        // key blocks start at whole multiples of kBlockKeys and chunks at whole multiples of
+        // kv_chunk, so a query's keys are grouped alike in a prefill, a chunk or a decode
+        const int64_t k_lo = (window > 0 ? std::max<int64_t>(0, pre[i] + qb + 1 - window) : 0)
+                             / kBlockKeys * kBlockKeys;
+        const int64_t c_first = k_lo / kv_chunk;
+        const int64_t chunks = (keys - 1) / kv_chunk - c_first + 1;
         const int64_t block_rows = (qe - qb) * group;
         for (int64_t c = 0; c < chunks; ++c) {
           Unit u;
@@ -387,8 +377,8 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
           u.kv_head = static_cast<int32_t>(h);
           u.q_begin = static_cast<int32_t>(qb);
           u.q_end = static_cast<int32_t>(qe);
-          u.k_begin = static_cast<int32_t>(k_lo + c * kv_chunk);
-          u.k_end = static_cast<int32_t>(std::min(keys, k_lo + (c + 1) * kv_chunk));
+          u.k_begin = static_cast<int32_t>(std::max(k_lo, (c_first + c) * kv_chunk));
+          u.k_end = static_cast<int32_t>(std::min(keys, (c_first + c + 1) * kv_chunk));
           u.chunk = static_cast<int32_t>(c);
           u.num_chunks = static_cast<int32_t>(chunks);
           u.partial = chunks > 1 ? partial_rows + c * block_rows : -1;
@@ -421,6 +411,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
   p.window = window;
   p.sinks = sinks.has_value() ? sink_values.data_ptr<float>() : nullptr;
   p.softcap = static_cast<float>(softcap);
+  p.kv_chunk = kv_chunk;
 
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), units.size()));
   const std::vector<int64_t> bounds = balance(units, threads);
