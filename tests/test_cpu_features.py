@@ -36,10 +36,10 @@ def test_auto_follows_the_cpus_bf16_units(cpuinfo: str, dtype: torch.dtype, flag
     assert (flag in choice.reason) if flag else ("no native bf16" in choice.reason)
 
 
-def test_explicit_dtypes_deterministic_mode_and_the_gpu() -> None:
+def test_explicit_dtypes_and_the_gpu() -> None:
     bf16 = CpuFeatures(avx512_bf16=True, amx_bf16=False, avx512_vnni=True, source="test")
     assert choose_dtype("float32", "cpu", features=bf16).dtype == torch.float32
-    assert choose_dtype("auto", "cpu", deterministic=True, features=bf16).dtype == torch.float32
+    assert choose_dtype("auto", "cpu", features=bf16).dtype == torch.bfloat16
     assert choose_dtype("auto", "cuda").dtype == torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype"):
         choose_dtype("int4", "cpu")

@@ -9,20 +9,19 @@ after the prompt. The tokens that follow the prompt are transformers' own fp32 g
 tokens, so every case computes logits at positions of one fixed sequence and a single
 transformers forward per dtype gives the oracle for all of them.
 
-Oracle and tolerances (per dtype, `_tolerance`):
-- fp32: transformers' fp32 forward, max abs logit error 1e-4 (HF-exact path).
-- bf16: transformers' bf16 forward on the same weights (eager attention). The two compute
-  the same rounded ops in different summation orders, so their distance is of the order of
-  bf16's own error, measured here as transformers-bf16 vs transformers-fp32 on the same
-  sequence: the bound is 2 x that error + 0.05. A real fault (a wrong key, a stale slot, a
-  position off by one) moves logits by the logits' own scale, many times that bound.
-- w8a8: transformers with torchao's `Int8DynamicActivationInt8WeightConfig` on the same
-  decoder linears (the scheme `W8A8Linear` implements); a per-token scale can round an
-  activation to the neighbouring int8 step, so the bound is 2 x the quantization's own
-  error (torchao vs fp32) + 0.05.
-Top-1 must agree wherever the oracle's margin between its top token and ours exceeds the
-bound (a near-tie may flip). The `torch` backend is a second reference: every other
-backend's logits are within the same bound of its logits.
+Oracle: transformers' fp32 forward; tolerances per dtype and per position (`Oracle.bound`):
+- fp32: max abs logit error 1e-4 (the HF-exact path).
+- bf16: the dtype's own error on the same sequence, measured at each position as
+  transformers-bf16 (eager attention, same weights) against transformers-fp32; ours may be
+  at most 1.5 x that (measured: at most 1.22 x on this tiny model, every backend and
+  scenario). The bound is about 0.1-0.25 logits per position, below most top-1 margins,
+  so a wrong key, a stale slot or a position off by one (which move logits by their own
+  scale) fails, and a bf16 path with twice transformers' error fails too.
+- w8a8: the same with transformers under torchao's `Int8DynamicActivationInt8WeightConfig`
+  on the decoder linears (the scheme `W8A8Linear` implements).
+Top-1 must agree with fp32 wherever fp32's margin between its top token and ours exceeds
+twice the bound (two tokens each off by the bound). The `torch` backend is a second
+reference: every other backend's logits are within twice the bound of its logits.
 
 The scheduler's two loops share this model path; `tests/integration/test_cached_prefix_http.py`
 runs the same prompts twice through HTTP in both loops.
@@ -100,12 +99,15 @@ SCENARIOS = {
 TRITON_SCENARIOS = ("cached_all_but_last", "chunked_over_cached", "one_token_row_in_extend_batch")
 
 
+OWN_ERROR_FACTOR = 1.5
+
+
 @dataclass
 class Oracle:
     folder: Path
     sequence: list[int]  # the prompt and the greedy tokens after it
-    logits: dict[str, torch.Tensor]  # dtype name -> transformers' logits at every position
-    tolerance: dict[str, float]
+    exact: torch.Tensor  # transformers' fp32 logits at every position
+    bound: dict[str, torch.Tensor]  # dtype name -> max abs logit error allowed, per position
 
 
 @functools.cache
@@ -121,13 +123,13 @@ def _oracle_for(folder: Path) -> Oracle:
         ids = torch.tensor([sequence])
         exact = hf32(ids).logits[0].float()
         hf16 = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
-        logits = {"float32": exact, "bfloat16": hf16(ids).logits[0].float()}
-        tolerance = {"float32": 1e-4}
-        tolerance["bfloat16"] = 2 * (logits["bfloat16"] - exact).abs().max().item() + 0.05
+        references = {"bfloat16": hf16(ids).logits[0].float()}
         if torchao_available():
-            logits["w8a8"] = _torchao_w8a8(folder)(ids).logits[0].float()
-            tolerance["w8a8"] = 2 * (logits["w8a8"] - exact).abs().max().item() + 0.05
-    return Oracle(folder, sequence, logits, tolerance)
+            references["w8a8"] = _torchao_w8a8(folder)(ids).logits[0].float()
+    bound = {"float32": torch.full((len(sequence),), 1e-4)}
+    for name, logits in references.items():  # the dtype's own error, position by position
+        bound[name] = OWN_ERROR_FACTOR * (logits - exact).abs().max(dim=-1).values
+    return Oracle(folder, sequence, exact, bound)
 
 
 def _torchao_w8a8(folder: Path) -> torch.nn.Module:
@@ -211,7 +213,7 @@ def _check(got: torch.Tensor, expected: torch.Tensor, bound: float, what: str) -
     ours, theirs = int(got.argmax()), int(expected.argmax())
     if ours != theirs:
         margin = (expected[theirs] - expected[ours]).item()
-        assert margin <= bound, f"{what}: top-1 {ours} != {theirs} with margin {margin:.3g}"
+        assert margin <= 2 * bound, f"{what}: top-1 {ours} != {theirs} with margin {margin:.3g}"
 
 
 def _cases() -> list[tuple[str, str, str, int]]:
@@ -227,9 +229,8 @@ def _cases() -> list[tuple[str, str, str, int]]:
 @pytest.mark.parametrize(("backend", "dtype", "scenario", "page_size"), _cases())
 def test_logits_match_transformers(oracle: Oracle, backend: str, dtype: str, scenario: str,
                                    page_size: int) -> None:  # fmt: skip
-    if dtype == "w8a8" and "w8a8" not in oracle.logits:
+    if dtype == "w8a8" and "w8a8" not in oracle.bound:
         pytest.skip("torchao not installed")
-    bound = oracle.tolerance[dtype]
     ours = run_scenario(_model(oracle.folder, backend, dtype, page_size), _kv_dtype(dtype),
                         page_size, SCENARIOS[scenario], oracle.sequence)  # fmt: skip
     reference = None
@@ -237,9 +238,10 @@ def test_logits_match_transformers(oracle: Oracle, backend: str, dtype: str, sce
         reference = _torch_reference(oracle.folder, dtype, page_size, scenario,
                                      tuple(oracle.sequence))  # fmt: skip
     for position, logits in ours.items():
-        _check(logits, oracle.logits[dtype][position], bound, f"position {position} vs transformers")
+        bound = oracle.bound[dtype][position].item()
+        _check(logits, oracle.exact[position], bound, f"position {position} vs transformers fp32")
         if reference is not None:
-            _check(logits, reference[position], bound, f"position {position} vs the torch backend")
+            _check(logits, reference[position], 2 * bound, f"position {position} vs the torch backend")
 
 
 def test_scenarios_cover_what_the_issue_names() -> None:

@@ -99,8 +99,11 @@ class ServerArgs:
         0.0, "Every this many seconds, log where scheduler time went per tick (0: off).",
     )
     enable_deterministic_inference: bool = option(
-        False, "Batch-invariant kernels: a request's tokens do not depend on its batch "
-        "(retraction, chunking and concurrency cannot change an output). Slower.",
+        False, "Batch-invariant kernels, guaranteed: a request's tokens do not depend on its "
+        "batch (retraction, chunking, caching and concurrency cannot change an output). bf16 "
+        "on the CPU: the default compiled kernels, which already are (refuses to start "
+        "without them); fp32 and CUDA: padded row counts and torch batch-invariant "
+        "attention, several times slower.",
     )
     tensor_parallel_size: int = option(
         1, "Ranks one model replica is sharded over: one scheduler + model worker process per "

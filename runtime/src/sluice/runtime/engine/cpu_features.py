@@ -89,13 +89,7 @@ class DtypeChoice:
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def choose_dtype(
-    name: str,
-    device: str,
-    *,
-    deterministic: bool = False,
-    features: CpuFeatures | None = None,
-) -> DtypeChoice:
+def choose_dtype(name: str, device: str, *, features: CpuFeatures | None = None) -> DtypeChoice:
     """The model dtype for `--dtype name` on `device`, and why."""
     if name != "auto":
         if name not in _DTYPES:
@@ -103,10 +97,6 @@ def choose_dtype(
         return DtypeChoice(_DTYPES[name], f"--dtype {name}")
     if device.startswith("cuda"):
         return DtypeChoice(torch.bfloat16, "auto on a GPU")
-    if deterministic:
-        return DtypeChoice(
-            torch.float32, "auto with --enable-deterministic-inference: its kernels are fp32"
-        )
     features = features or detect_cpu_features()
     if features.native_bf16:
         flags = ", ".join(features.bf16_flags)

@@ -31,6 +31,7 @@ import torch
 from sluice.runtime import features as FEATURES
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
+from sluice.runtime.attention.cpu_backend import CpuAttentionBackend
 from sluice.runtime.attention.registry import create_model_backend, resolve_backend_name
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.engine.cpu_features import choose_dtype, choose_kv_dtype
@@ -113,8 +114,23 @@ class PoolLayout:
     model_context_len: int  # the model's own limit (before the pool clipped it)
 
 
-def _attention_backend(args: ServerArgs, device: str) -> AttentionBackend:
+def row_invariant_kernels(device: str, dtype: torch.dtype) -> bool:
+    """Whether the default path is already batch-invariant: bf16 on the CPU runs the compiled
+    linear and attention kernels, in which a token's every sum has one order whatever else
+    its forward holds (`kernels/csrc/linear.cpp`, `paged_attention.cpp`)."""
+    return device == "cpu" and dtype == torch.bfloat16
+
+
+def _attention_backend(args: ServerArgs, device: str, dtype: torch.dtype) -> AttentionBackend:
     if args.enable_deterministic_inference:
+        if row_invariant_kernels(device, dtype):
+            try:
+                return CpuAttentionBackend(use_kernels=True)
+            except RuntimeError as err:
+                raise RuntimeError(
+                    f"--enable-deterministic-inference in bf16 on the CPU needs the compiled "
+                    f"CPU kernels: {err}; or run --dtype float32"
+                ) from err
         return BatchInvariantAttentionBackend()
     return create_model_backend(args.attention_backend, device, page_size=args.page_size)
 
@@ -129,7 +145,7 @@ class ModelWorker:
         self.args = args
         self.tp = tp
         self.device = args.resolved_device
-        choice = choose_dtype(args.dtype, self.device, deterministic=args.enable_deterministic_inference)
+        choice = choose_dtype(args.dtype, self.device)
         self.dtype, self.dtype_reason = choice.dtype, choice.reason
         self.kv_dtype = choose_kv_dtype(args.kv_cache_dtype, self.dtype)
         logger.info("dtype %s (%s), KV cache %s", choice.name, choice.reason, self.kv_dtype)
@@ -140,13 +156,22 @@ class ModelWorker:
             torch.set_num_threads(threads)
             logger.info("model worker: %d torch threads (%s)", threads, why)
         torch.manual_seed(max(args.random_seed, 0))
-        backend = _attention_backend(args, self.device)
+        backend = _attention_backend(args, self.device, self.dtype)
+        # deterministic mode where the kernels are not row-invariant (fp32, CUDA): every
+        # matmul gets a row count that is a multiple of ROW_MULTIPLE, attention the torch
+        # batch-invariant backend
+        self.padded_rows = isinstance(backend, BatchInvariantAttentionBackend)
         self.model, self.model_config = load_model(
             Path(model_path), self.device, self.dtype, backend, tp
         )
         if (quantized := quantize_model(self.model, args.quantization)) > 0:
             logger.info("quantization %s: %d linear layers", args.quantization, quantized)
         if self.device == "cpu" and (reason := cpu_fused_ops.enable(self.model)) is not None:
+            if args.enable_deterministic_inference and not self.padded_rows:
+                raise RuntimeError(
+                    f"--enable-deterministic-inference in bf16 on the CPU needs the compiled "
+                    f"CPU ops: {reason}; or run --dtype float32"
+                )
             logger.warning("fused CPU ops unavailable (%s); running the torch ops", reason)
         self.lora = create_lora_manager(args, self.model, self.device, self.dtype, str(model_path))
         self.tokenizer = load_tokenizer(Path(model_path))
@@ -210,8 +235,10 @@ class ModelWorker:
 
     @property
     def attention_backend_name(self) -> str:
-        if self.args.enable_deterministic_inference:
+        if self.padded_rows:
             return "batch-invariant"
+        if self.args.enable_deterministic_inference:
+            return "cpu"
         return resolve_backend_name(self.args.attention_backend, self.device)
 
     @property
@@ -253,7 +280,7 @@ class ModelWorker:
             staged = self._stage(fi)
         write_tables(staged, self.req_to_token, self.token_table)
         fb = forward_batch_of(fi, staged, self.req_to_token, self.token_table, self.kv)
-        if self.args.enable_deterministic_inference:
+        if self.padded_rows:
             fb = fb.padded(ROW_MULTIPLE)
         return fb
 

@@ -16,6 +16,8 @@ How the experts run (`impl`):
   experts, experts without tokens cost nothing, and no host sync (CUDA-graph safe);
 - `segments`: the same sort, then one GEMM per expert that received tokens (a loop over the
   active experts only; the fallback where `_grouped_mm` lacks the dtype, and w8a8's path);
+  bf16 on the CPU with the compiled ops (`fused`) always runs this way, each GEMM the
+  row-invariant `sluice_cpu.linear`;
 - `w8a8` (after `quantize_w8a8`): the segments path with each expert's projections as
   `W8A8Linear`s (int8 weights per output row, int8 activations per token, `torch._int_mm`);
   the router stays in the model dtype;
@@ -77,6 +79,10 @@ class ExpertOrder:
         weighted = out_rows * self.weights.to(out_rows.dtype).unsqueeze(1)
         out = out_rows.new_zeros(num_tokens, out_rows.shape[1])
         return out.index_add_(0, self.rows, weighted)
+
+
+def _row_invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.sluice_cpu.linear(x, weight, None, x.dtype)
 
 
 def grouped_mm_supports(dtype: torch.dtype, device: torch.device | str) -> bool:
@@ -150,7 +156,10 @@ class MoE(nn.Module):
             return fused_experts(x, self.w13, self.w2, weights, ids, self._act)
         order = ExpertOrder(weights, ids, self.num_experts)
         rows = x[order.rows]
-        if self.impl == "grouped":
+        # the compiled CPU GEMM sums each row alike however many rows an expert gets, so a
+        # token's output does not depend on what else its batch routed to the same expert
+        row_invariant = self.fused and rows.dtype == torch.bfloat16 and self.impl != "w8a8"
+        if self.impl == "grouped" and not row_invariant:
             offsets = order.offsets
             h = torch._grouped_mm(rows, self.w13.transpose(1, 2), offs=offsets)
             out = torch._grouped_mm(self._act(h), self.w2.transpose(1, 2), offs=offsets)
@@ -160,9 +169,10 @@ class MoE(nn.Module):
                 out[start:end] = self.q2[e](self._act(self.q13[e](rows[start:end])))
         else:
             out = torch.empty_like(rows)
+            linear = _row_invariant_linear if row_invariant else F.linear
             for e, start, end in order.active():
-                h = F.linear(rows[start:end], self.w13[e])
-                out[start:end] = F.linear(self._act(h), self.w2[e])
+                h = linear(rows[start:end], self.w13[e])
+                out[start:end] = linear(self._act(h), self.w2[e])
         return order.combine(out, x.shape[0])
 
     def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
