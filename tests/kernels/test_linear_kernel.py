@@ -18,8 +18,8 @@ pytestmark = pytest.mark.skipif(not cpu_extension.available(), reason="CPU kerne
 NAMES = {0: "avx2", 1: "avx512bf16", 2: "amx"}
 AMX = 2
 # row counts on both sides of every threshold of the kernels (16/32-row tiles, the amx
-# order switch at 64 rows, the 1024-row chunk) and SmolLM2's shapes (K = 576, 1536)
-ROW_COUNTS = [1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 130, 1100]
+# order switch at 128 rows, the 1024-row chunk) and SmolLM2's shapes (K = 576, 1536)
+ROW_COUNTS = [1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 128, 129, 300, 1100]
 SHAPES = [(576, 960), (1536, 576), (576, 4096), (100, 37), (64, 33), (40, 50)]
 
 

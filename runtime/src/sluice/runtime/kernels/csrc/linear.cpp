@@ -56,9 +56,9 @@ namespace {
 
 enum Path : int64_t { kAvx2 = 0, kAvx512Bf16 = 1, kAmx = 2 };
 
-// up to this many rows the amx path reads the weight in place as A (measured: faster for
-// decode batches); past it, the weight is packed once per chunk of rows as B
-constexpr int64_t kAmxWeightAsAMaxRows = 64;
+// up to this many rows the amx path reads the weight in place as A (measured on SmolLM2's
+// shapes: faster up to 128 rows); past it, the weight is packed per chunk of rows as B
+constexpr int64_t kAmxWeightAsAMaxRows = 128;
 
 using bf16 = c10::BFloat16;
 
@@ -104,8 +104,7 @@ inline void store_row16(const Problem& p, int64_t m, int64_t n0, int count, cons
 #ifdef __AVX512BF16__
   _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p.out) + m * p.N + n0, mask,
                            (__m256i)_mm512_cvtneps_pbh(val));
-  return;
-#endif
+#else
   const __m512i u = _mm512_castps_si512(val);
   const __m512i high = _mm512_srli_epi32(u, 16);
   const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
@@ -115,9 +114,19 @@ inline void store_row16(const Problem& p, int64_t m, int64_t n0, int count, cons
   r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
   _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p.out) + m * p.N + n0, mask,
                            _mm512_cvtepi32_epi16(r));
+#endif
 #else
   for (int i = 0; i < count; ++i) store_one(p, m, n0 + i, v[i]);
 #endif
+}
+
+// Scratch memory of the calling thread, kept between calls: a fresh buffer of a megabyte
+// each call would cost more in page faults and zeroing than the copy it holds. Not zeroed.
+template <typename T, int kSlot>
+T* scratch(size_t n) {
+  static thread_local std::vector<T> buffer;
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
 }
 
 // ---- the weight's columns split over threads; rows in chunks that stay in cache ----------
@@ -305,10 +314,26 @@ inline void pack_b_tile(const uint16_t* src, int64_t stride, int64_t valid, uint
   for (int q = 0; q < 16; ++q) _mm512_storeu_si512(tile + 16 * q, r[q]);
 }
 
+// A C tile's rows to the output: full 16-column tiles take a short loop (the same bias add
+// and rounding as `store_row16`, which the other order uses), the rest `store_row16`.
 inline void store_c_rows(const Problem& p, const float* c, int64_t m0, int64_t rows,
                          int64_t n0) {
   const int cols = static_cast<int>(std::min<int64_t>(16, p.N - n0));
-  for (int64_t i = 0; i < rows; ++i) store_row16(p, m0 + i, n0, cols, c + 16 * i);
+  if (cols < 16) {
+    for (int64_t i = 0; i < rows; ++i) store_row16(p, m0 + i, n0, cols, c + 16 * i);
+    return;
+  }
+  const __m512 bias = p.bias != nullptr ? _mm512_loadu_ps(p.bias + n0) : _mm512_setzero_ps();
+  for (int64_t i = 0; i < rows; ++i) {
+    __m512 v = _mm512_load_ps(c + 16 * i);
+    if (p.bias != nullptr) v = _mm512_add_ps(v, bias);
+    if (p.out_fp32)
+      _mm512_storeu_ps(static_cast<float*>(p.out) + (m0 + i) * p.N + n0, v);
+    else
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(static_cast<uint16_t*>(p.out) + (m0 + i) * p.N + n0),
+          (__m256i)_mm512_cvtneps_pbh(v));
+  }
 }
 
 // Rows as A (read in place, 32 at a time), the weight packed per call into B tiles.
@@ -318,12 +343,13 @@ void amx_rows_as_a(const Problem& p) {
   constexpr int64_t kChunkM = 1024;
   // a padded copy of the last (M % 32) rows, so no tile load reads past x
   const int64_t full = p.M / 32 * 32;
-  std::vector<uint16_t> tail(32 * p.K, 0);
+  uint16_t* tail = scratch<uint16_t, 0>(32 * p.K);
+  std::memset(tail, 0, 2 * 32 * p.K);
   for (int64_t m = full; m < p.M; ++m)
-    std::memcpy(&tail[(m - full) * p.K], p.x + m * p.x_stride, 2 * p.K);
+    std::memcpy(tail + (m - full) * p.K, p.x + m * p.x_stride, 2 * p.K);
   for_column_blocks(panels, [&](int64_t b, int64_t e) {
     configure_tiles();
-    std::vector<uint32_t> packed(static_cast<size_t>(kb) * 2 * 256);
+    uint32_t* packed = scratch<uint32_t, 1>(static_cast<size_t>(kb) * 2 * 256);
     alignas(64) float c[4][256];
     for (int64_t mc = 0; mc < p.M; mc += kChunkM) {
       const int64_t m_end = std::min(p.M, mc + kChunkM);
@@ -335,7 +361,7 @@ void amx_rows_as_a(const Problem& p) {
                         std::max<int64_t>(0, std::min<int64_t>(16, p.N - n0 - 16 * h)),
                         &packed[(k * 2 + h) * 256]);
         for (int64_t m0 = mc; m0 < m_end; m0 += 32) {
-          const uint16_t* a = m0 < full ? p.x + m0 * p.x_stride : tail.data();
+          const uint16_t* a = m0 < full ? p.x + m0 * p.x_stride : tail;
           const int64_t a_stride = 2 * (m0 < full ? p.x_stride : p.K);
           _tile_zero(0);
           _tile_zero(1);
@@ -374,7 +400,7 @@ void amx_rows_as_a(const Problem& p) {
 void amx_weight_as_a(const Problem& p) {
   const int64_t kb = p.K / 32;
   const int64_t groups = (p.M + 31) / 32 * 2;  // B tiles of 16 rows, an even number
-  std::vector<uint32_t> xt(static_cast<size_t>(groups) * kb * 256);
+  uint32_t* xt = scratch<uint32_t, 2>(static_cast<size_t>(groups) * kb * 256);
   at::parallel_for(0, groups * kb, 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t g = i / kb, k = i % kb;
@@ -383,7 +409,8 @@ void amx_weight_as_a(const Problem& p) {
     }
   });
   const int64_t full = p.N / 32 * 32;  // the last N % 32 weight rows: a padded copy
-  std::vector<uint16_t> tail(32 * p.K, 0);
+  uint16_t* tail = scratch<uint16_t, 3>(32 * p.K);
+  std::memset(tail, 0, 2 * 32 * p.K);
   for (int64_t n = full; n < p.N; ++n)
     std::memcpy(&tail[(n - full) * p.K], p.w + n * p.w_stride, 2 * p.K);
   const int64_t panels = (p.N + 31) / 32;
@@ -392,7 +419,7 @@ void amx_weight_as_a(const Problem& p) {
     alignas(64) float c[4][256];
     for (int64_t panel = b; panel < e; ++panel) {
       const int64_t n0 = panel * 32;
-      const uint16_t* a = n0 < full ? p.w + n0 * p.w_stride : tail.data();
+      const uint16_t* a = n0 < full ? p.w + n0 * p.w_stride : tail;
       const int64_t a_stride = 2 * (n0 < full ? p.w_stride : p.K);
       for (int64_t g = 0; g < groups; g += 2) {
         const uint32_t* b0 = &xt[g * kb * 256];
