@@ -18,7 +18,8 @@
 //               the B operand. Both orders compute each element by the same instruction
 //               sequence (the product is commutative, the k order the same);
 //               `tests/kernels/test_linear_kernel.py` checks that they agree bit for bit.
-//   avx512bf16: VDPBF16PS dot products, 16 fp32 lanes over k, then one fixed reduction tree.
+//   avx512bf16: VDPBF16PS (per element: fp32, k in pairs, in order), each row's k-pairs
+//               broadcast against the weight packed per call into VNNI blocks.
 //   avx2:       bf16 widened to fp32, FMA into 8 lanes over k, then one fixed reduction tree
 //               (CPUs without native bf16, where `--dtype auto` picks fp32 anyway).
 // Memory traffic is the weight read once per call (the LM head: one pass over the
@@ -184,30 +185,115 @@ void avx2_block(const Problem& p, int64_t m0, int64_t n0) {
 #endif
 
 #ifdef SLUICE_LINEAR_AVX512BF16
-// ---- avx512bf16: VDPBF16PS, 16 lanes (32 k) per step -------------------------------------
+// ---- shared by avx512bf16 and amx: VNNI packing ----------------------------------------------
 
-inline __m512bh load32(const uint16_t* p, __mmask32 mask) {
-  return (__m512bh)_mm512_maskz_loadu_epi16(mask, p);
+// 16 x 16 dwords: out[c][r] = in[r][c] (a dword is a k-pair of bf16, or an fp32)
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {  // u[4g + j], lane L: column 4L + j of rows 4g..4g+3
+    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
+    const __m512i w0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
+    r[0 + j] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+    r[4 + j] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
+    r[8 + j] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
+  }
 }
 
-template <int MR, int NR>
-void dp_block(const Problem& p, int64_t m0, int64_t n0) {
-  __m512 acc[MR][NR];
+// A VNNI block (an AMX B tile) from 16 rows of a [rows][K] bf16 matrix at column k: tile[q][j]
+// = the k-pair q of row j; rows past `valid` and columns past `cols` (of 32) are zero.
+inline void pack_b_tile(const uint16_t* src, int64_t stride, int64_t valid, uint32_t* tile,
+                        int64_t cols = 32) {
+  const __mmask32 mask = cols >= 32 ? ~__mmask32(0) : (__mmask32(1) << cols) - 1;
+  __m512i r[16];
+  for (int j = 0; j < 16; ++j)
+    r[j] = j < valid ? _mm512_maskz_loadu_epi16(mask, src + j * stride) : _mm512_setzero_si512();
+  transpose16(r);
+  for (int q = 0; q < 16; ++q) _mm512_storeu_si512(tile + 16 * q, r[q]);
+}
+
+// ---- avx512bf16: VDPBF16PS, acc += a[2q] b[2q] + a[2q+1] b[2q+1] for the k-pairs q in order --
+// Each row's k-pair broadcast against 64 columns of the weight, packed per call into VNNI
+// blocks (one pass over the weight). Broadcasting the weight against packed rows instead was
+// measured slower even for one row (16 lanes of work for one useful one).
+
+inline int64_t pairs_of(int64_t K) { return (K + 1) / 2; }
+
+// k-pair q of a bf16 row as one dword (its second half zero past K)
+inline uint32_t pair_at(const uint16_t* row, int64_t q, int64_t K) {
+  if (2 * q + 1 < K) {
+    uint32_t v;
+    std::memcpy(&v, row + 2 * q, 4);
+    return v;
+  }
+  return row[2 * q];
+}
+
+// Rows broadcast: MR rows x 64 columns (four 16-column vectors of a packed panel).
+template <int MR>
+void dp_rows_block(const Problem& p, const uint32_t* panel, int64_t m0, int64_t n0) {
+  __m512 acc[MR][4];
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < p.K; k += 32) {
-    const int64_t left = p.K - k;
-    const __mmask32 mask = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
-    __m512bh xv[MR];
-    for (int i = 0; i < MR; ++i) xv[i] = load32(p.x + (m0 + i) * p.x_stride + k, mask);
-    for (int j = 0; j < NR; ++j) {
-      const __m512bh wv = load32(p.w + (n0 + j) * p.w_stride + k, mask);
-      for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int64_t P = pairs_of(p.K);
+  for (int64_t q = 0; q < P; ++q) {
+    const uint32_t* block = panel + (q / 16) * 4 * 256 + (q % 16) * 16;
+    __m512bh w[4];
+    for (int j = 0; j < 4; ++j) w[j] = (__m512bh)_mm512_loadu_si512(block + j * 256);
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(
+          static_cast<int>(pair_at(p.x + (m0 + i) * p.x_stride, q, p.K)));
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], x, w[j]);
     }
   }
+  alignas(64) float row[16];
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) store_one(p, m0 + i, n0 + j, _mm512_reduce_add_ps(acc[i][j]));
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + 16 * j;
+      if (n >= p.N) break;
+      _mm512_store_ps(row, acc[i][j]);
+      store_row16(p, m0 + i, n, static_cast<int>(std::min<int64_t>(16, p.N - n)), row);
+    }
 }
+
+void dp_rows_broadcast(const Problem& p) {
+  const int64_t kb = (p.K + 31) / 32;
+  const int64_t panels = (p.N + 63) / 64;
+  for_column_blocks(panels, [&](int64_t b, int64_t e) {
+    uint32_t* panel = scratch<uint32_t, 4>(static_cast<size_t>(kb) * 4 * 256);
+    for (int64_t pn = b; pn < e; ++pn) {
+      const int64_t n0 = pn * 64;
+      for (int64_t k = 0; k < kb; ++k)
+        for (int j = 0; j < 4; ++j)
+          pack_b_tile(p.w + (n0 + 16 * j) * p.w_stride + 32 * k, p.w_stride,
+                      std::max<int64_t>(0, std::min<int64_t>(16, p.N - n0 - 16 * j)),
+                      panel + (k * 4 + j) * 256, std::min<int64_t>(32, p.K - 32 * k));
+      int64_t m = 0;
+      for (; m + 6 <= p.M; m += 6) dp_rows_block<6>(p, panel, m, n0);
+      switch (p.M - m) {
+        case 5: dp_rows_block<5>(p, panel, m, n0); break;
+        case 4: dp_rows_block<4>(p, panel, m, n0); break;
+        case 3: dp_rows_block<3>(p, panel, m, n0); break;
+        case 2: dp_rows_block<2>(p, panel, m, n0); break;
+        case 1: dp_rows_block<1>(p, panel, m, n0); break;
+        default: break;
+      }
+    }
+  });
+}
+
 #endif
 
 // Blocks of MR x NR outputs over a range of weight rows, for every row of x; tails take
@@ -244,12 +330,6 @@ struct Avx2Kernel {
   static void run(const Problem& p, int64_t m, int64_t n) { avx2_block<MR, NR>(p, m, n); }
 };
 #endif
-#ifdef SLUICE_LINEAR_AVX512BF16
-template <int MR, int NR>
-struct DpKernel {
-  static void run(const Problem& p, int64_t m, int64_t n) { dp_block<MR, NR>(p, m, n); }
-};
-#endif
 
 #ifdef SLUICE_LINEAR_AMX
 // ---- amx ------------------------------------------------------------------------------------
@@ -277,41 +357,6 @@ inline void configure_tiles() {
     cfg.rows[t] = 16;
   }
   _tile_loadconfig(&cfg);
-}
-
-// 16 x 16 dwords: out[c][r] = in[r][c] (a dword is a k-pair of bf16, or an fp32)
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 4; ++g) {  // u[4g + j], lane L: column 4L + j of rows 4g..4g+3
-    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);
-    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);
-    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44);
-    const __m512i v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
-    const __m512i w0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
-    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
-    r[0 + j] = _mm512_shuffle_i32x4(v0, w0, 0x88);
-    r[4 + j] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
-    r[8 + j] = _mm512_shuffle_i32x4(v1, w1, 0x88);
-    r[12 + j] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
-  }
-}
-
-// A B tile from 16 rows of a [rows][K] bf16 matrix at column k (rows past `valid` are
-// zero): tile[p][j] = the k-pair p of row j.
-inline void pack_b_tile(const uint16_t* src, int64_t stride, int64_t valid, uint32_t* tile) {
-  __m512i r[16];
-  for (int j = 0; j < 16; ++j)
-    r[j] = j < valid ? _mm512_loadu_si512(src + j * stride) : _mm512_setzero_si512();
-  transpose16(r);
-  for (int q = 0; q < 16; ++q) _mm512_storeu_si512(tile + 16 * q, r[q]);
 }
 
 // A C tile's rows to the output: full 16-column tiles take a short loop (the same bias add
@@ -542,7 +587,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
 #endif
 #ifdef SLUICE_LINEAR_AVX512BF16
     case kAvx512Bf16:
-      dot_product_linear<DpKernel>(p);
+      dp_rows_broadcast(p);
       break;
 #endif
 #ifdef SLUICE_LINEAR_AVX2
@@ -556,24 +601,31 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   return out;
 }
 
-// for tests: one of the two amx orders, whatever the row count (1: weight as A)
-at::Tensor linear_amx_order(const at::Tensor& x, const at::Tensor& weight, int64_t order) {
-#ifdef SLUICE_LINEAR_AMX
-  TORCH_CHECK(path_available(kAmx), "no amx on this CPU");
-  TORCH_CHECK(x.is_contiguous() && weight.is_contiguous() && x.size(1) % 32 == 0,
-              "contiguous inputs with K in multiples of 32");
+// for tests: one of the amx path's two operand orders, whatever the row count (0: the rows
+// as A, 1: the weight as A), fp32 out
+at::Tensor linear_order(const at::Tensor& x, const at::Tensor& weight, int64_t path,
+                        int64_t order) {
+  TORCH_CHECK(path_available(path), "linear path ", path, " is not available on this CPU");
+  TORCH_CHECK(x.is_contiguous() && weight.is_contiguous() && x.size(1) == weight.size(1) &&
+                  x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16,
+              "contiguous bf16 inputs of one K");
   at::Tensor out = at::empty({x.size(0), weight.size(0)}, x.options().dtype(at::kFloat));
   Problem p{reinterpret_cast<const uint16_t*>(x.data_ptr<bf16>()),
             reinterpret_cast<const uint16_t*>(weight.data_ptr<bf16>()), nullptr, out.data_ptr(),
             true, x.size(0), weight.size(0), x.size(1), x.stride(0), weight.stride(0)};
-  if (order == 1)
-    amx_weight_as_a(p);
-  else
-    amx_rows_as_a(p);
-  return out;
-#else
-  TORCH_CHECK(false, "built without amx");
+  switch (path) {
+#ifdef SLUICE_LINEAR_AMX
+    case kAmx:
+      TORCH_CHECK(p.K % 32 == 0, "the amx path needs K in multiples of 32");
+      if (order == 1)
+        amx_weight_as_a(p);
+      else
+        amx_rows_as_a(p);
+      return out;
 #endif
+    default:
+      TORCH_CHECK(false, "path ", path, " has one order");
+  }
 }
 
 }  // namespace
@@ -581,10 +633,10 @@ at::Tensor linear_amx_order(const at::Tensor& x, const at::Tensor& weight, int64
 TORCH_LIBRARY_FRAGMENT(sluice_cpu, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, ScalarType out_dtype, int path=-1) -> Tensor");
   m.def("linear_paths() -> int[]", &linear_paths);
-  m.def("linear_amx_order(Tensor x, Tensor weight, int order) -> Tensor");
+  m.def("linear_order(Tensor x, Tensor weight, int path, int order) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(sluice_cpu, CPU, m) {
   m.impl("linear", &linear);
-  m.impl("linear_amx_order", &linear_amx_order);
+  m.impl("linear_order", &linear_order);
 }
