@@ -83,8 +83,21 @@ class ProcessGroup(TensorParallelGroup):
 
     device_group: object = None
     control_group: object = None
+    # --enable-deterministic-inference: every element summed in rank order, whatever the
+    # message size (NCCL's ring and tree cut a message into chunks by its size, and so
+    # change the order in which an element's partial sums meet). Two ranks need nothing:
+    # one addition per element, and a + b == b + a.
+    ordered_sum: bool = False
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ordered_sum and self.size > 2:
+            parts = [torch.empty_like(x) for _ in range(self.size)]
+            torch.distributed.all_gather(parts, x.contiguous(), group=self.device_group)
+            total = parts[0]
+            for part in parts[1:]:
+                total += part
+            x.copy_(total)
+            return x
         torch.distributed.all_reduce(x, group=self.device_group)
         return x
 
@@ -119,9 +132,10 @@ class ProcessGroup(TensorParallelGroup):
         return int(t.item())
 
 
-def init_process_group(spec: RankSpec, device: str) -> ProcessGroup:
+def init_process_group(spec: RankSpec, device: str, ordered_sum: bool = False) -> ProcessGroup:
     """Join the rendezvous at `spec.init_method` as `spec.rank`; on CUDA, this rank's GPU is
-    `cuda:<local rank>` from here on (it is the current device)."""
+    `cuda:<local rank>` from here on (it is the current device). `ordered_sum`: all-reduces
+    add the ranks' values in rank order (deterministic inference)."""
     dist = torch.distributed
     backend = "gloo"
     device_id = None
@@ -147,6 +161,7 @@ def init_process_group(spec: RankSpec, device: str) -> ProcessGroup:
         local_size=spec.local_size,
         device_group=dist.group.WORLD,
         control_group=control,
+        ordered_sum=ordered_sum,
     )
 
 

@@ -54,7 +54,7 @@ from sluice.runtime.ipc.messages import SchedulerReady
 from sluice.runtime.lora.manager import create_lora_manager
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
 from sluice.runtime.memory.staging import Staged
-from sluice.runtime.model import cpu_fused_ops
+from sluice.runtime.model import batch_invariant_ops, cpu_fused_ops
 from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.loader import load_model, load_tokenizer
 from sluice.runtime.model.quantization import quantize_model
@@ -166,6 +166,10 @@ class ModelWorker:
         )
         if (quantized := quantize_model(self.model, args.quantization)) > 0:
             logger.info("quantization %s: %d linear layers", args.quantization, quantized)
+        if self.device.startswith("cuda") and args.enable_deterministic_inference:
+            switched = batch_invariant_ops.enable(self.model)
+            logger.info("deterministic inference: %d layers on batch-invariant Triton kernels",
+                        switched)  # fmt: skip
         if self.device == "cpu" and (reason := cpu_fused_ops.enable(self.model)) is not None:
             if args.enable_deterministic_inference and not self.padded_rows:
                 raise RuntimeError(

@@ -26,6 +26,7 @@ class Linear(nn.Module):
     """`y = x @ W.T + b`; the weight may be several HF projections stacked by rows."""
 
     fused = False  # bf16 on the CPU: the row-invariant compiled kernel (cpu_fused_ops)
+    batch_invariant = False  # CUDA, deterministic mode: the Triton kernel (batch_invariant_ops)
 
     def __init__(
         self,
@@ -48,6 +49,10 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused and x.dtype == torch.bfloat16 == self.weight.dtype:
             return self._kernel(x, torch.bfloat16)
+        if self.batch_invariant:
+            from sluice.runtime.kernels.triton_batch_invariant import matmul
+
+            return matmul(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def forward_fp32(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,6 +60,10 @@ class Linear(nn.Module):
         bf16 logits tie values one bf16 step apart). Never makes an fp32 copy of the weight."""
         if self.fused and x.dtype == torch.bfloat16 == self.weight.dtype:
             return self._kernel(x, torch.float32)
+        if self.batch_invariant:
+            from sluice.runtime.kernels.triton_batch_invariant import matmul
+
+            return matmul(x, self.weight, self.bias, torch.float32)
         if self.weight.dtype == torch.float32:
             return F.linear(x.float(), self.weight, self.bias)
         if x.is_cuda:  # cuBLAS: bf16/fp16 inputs, fp32 accumulation and output
@@ -97,6 +106,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.fused = False
+        self.batch_invariant = False  # CUDA, deterministic mode: one Triton program per row
         self.weight = nn.Parameter(
             torch.empty(hidden_size, device=device, dtype=dtype), requires_grad=False
         )
@@ -104,6 +114,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused and x.dim() == 2:
             return torch.ops.sluice_cpu.rms_norm(x, self.weight, self.eps)
+        if self.batch_invariant and x.dim() == 2:
+            from sluice.runtime.kernels.triton_fused import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)

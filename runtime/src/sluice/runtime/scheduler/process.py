@@ -126,7 +126,9 @@ def run_scheduler_process(
         tp = SINGLE_RANK
         if rank is not None and rank.size > 1:
             logger.info("%s: pid %d", name, os.getpid())
-            tp = init_process_group(rank, args.resolved_device)
+            tp = init_process_group(
+                rank, args.resolved_device, ordered_sum=args.enable_deterministic_inference
+            )
         worker = ModelWorker(args, model_path, tp)
         worker.faults = FaultPlan.from_env()  # tests only
         scheduler = build_scheduler(args, worker)
