@@ -93,4 +93,8 @@ def test_of_two_peered_replicas_only_one_writes(kube: Kube, peered_pair, ns: str
     handled = [p for p in peered_pair if f"{ns}/chat" in p.output()]
     assert len(handled) == 1, [p.tail() for p in peered_pair]
     [standby] = [p for p in peered_pair if p not in handled]
-    assert "Pausing" in standby.output() or "pausing" in standby.output(), standby.tail()
+    # the standby pauses once it has seen its peer's keepalive, which may come after the
+    # service turned Ready: wait for it, with a deadline
+    wait_until("the standby replica paused", lambda: "ausing" in standby.output(),
+               timeout=60, explain=standby.tail)  # fmt: skip
+    assert f"{ns}/chat" not in standby.output(), standby.tail()
