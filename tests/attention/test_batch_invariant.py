@@ -71,3 +71,32 @@ def test_a_request_gets_the_same_bits_alone_and_in_a_batch():
     vv = torch.cat([v[100:117], v[:40]])
     together = run(bi, kv, table, [2, 0], [0, 0], [17, 40], qq, kk, vv)
     assert torch.equal(together[17:], alone)
+
+
+def test_the_triton_gemms_of_cuda_keep_the_bits(monkeypatch):
+    """On CUDA the two GEMMs run the fixed-tile Triton `bmm`; here under the interpreter."""
+    import os
+
+    import pytest
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs Triton's interpreter (tests/conftest.py turns it on)")
+    from sluice.runtime.attention import batch_invariant
+    from sluice.runtime.kernels.triton_batch_invariant import bmm
+
+    def triton_matmul(a, b):
+        lead = a.shape[:-2]
+        out = bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]).transpose(-1, -2),
+                  torch.float32)  # fmt: skip
+        return out.view(*lead, a.shape[-2], b.shape[-1])
+
+    monkeypatch.setattr(batch_invariant, "_batched_matmul", triton_matmul)
+    kv, table, q, k, v = setup()
+    bi = BatchInvariantAttentionBackend()
+    whole = run(bi, kv, table, [0], [0], [80], q[:80], k[:80], v[:80])
+    ref = run(TorchAttentionBackend(), kv, table, [0], [0], [80], q[:80], k[:80], v[:80])
+    torch.testing.assert_close(whole, ref, atol=1e-5, rtol=1e-5)
+    run(bi, kv, table, [1], [0], [50], q[:50], k[:50], v[:50])
+    chunk = run(bi, kv, table, [1], [50], [29], q[50:79], k[50:79], v[50:79])
+    step = run(bi, kv, table, [1], [79], [1], q[79:80], k[79:80], v[79:80], ForwardMode.DECODE)
+    assert torch.equal(torch.cat([chunk, step]), whole[50:80])

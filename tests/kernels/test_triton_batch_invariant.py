@@ -66,3 +66,17 @@ def test_the_switched_layers_run_the_kernels() -> None:
     assert torch.equal(linear(x), matmul(x, linear.weight, linear.bias))
     assert torch.equal(linear.forward_fp32(x), matmul(x, linear.weight, linear.bias, torch.float32))
     assert torch.equal(norm(x), rms_norm(x, norm.weight, 1e-6))
+
+
+def test_bmm_is_matmul_per_batch_entry() -> None:
+    from sluice.runtime.kernels.triton_batch_invariant import bmm, matmul
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 20, 40, generator=g).bfloat16().to(DEVICE)
+    w = torch.randn(3, 30, 40, generator=g).bfloat16().to(DEVICE)
+    got = bmm(x, w, torch.float32)
+    for i in range(3):
+        assert torch.equal(got[i], matmul(x[i], w[i], None, torch.float32))
+    # a strided operand (a transposed view) gives the same bits as its contiguous copy
+    wt = w.transpose(1, 2).contiguous().transpose(1, 2)
+    assert torch.equal(bmm(x, wt, torch.float32), got)

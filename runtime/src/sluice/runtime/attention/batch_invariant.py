@@ -15,7 +15,10 @@ fixed shape and order:
 A layer's sliding window only narrows the mask (masked keys add exact zeros as before);
 soft-capping acts on the scores; a sink logit joins the max and adds one term to the sum.
 
-It is several times slower than `TorchAttentionBackend`; it is only used in that mode.
+On CUDA both GEMMs run the fixed-tile Triton kernel (`kernels/triton_batch_invariant.bmm`),
+since cuBLAS picks its kernel by the shape. It is several times slower than
+`TorchAttentionBackend`; it is only used in that mode (on the CPU only in fp32: bf16 runs
+the `cpu` backend, which is row-invariant by construction).
 """
 
 from __future__ import annotations
@@ -29,6 +32,21 @@ from sluice.runtime.model.forward_batch import ForwardBatch
 
 SPLIT = 64
 ROW_MULTIPLE = 16
+
+
+def _batched_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a @ b` over leading batch dims. On CUDA the fixed-tile Triton kernel (cuBLAS picks
+    its kernel by the shape, and `rows` differs from request to request); on the CPU torch's
+    GEMM, whose rows are bitwise alike at multiples of ROW_MULTIPLE rows."""
+    if not a.is_cuda:
+        return torch.matmul(a.contiguous(), b.contiguous())
+    from sluice.runtime.kernels.triton_batch_invariant import bmm
+
+    lead = a.shape[:-2]
+    flat_a = a.reshape(-1, *a.shape[-2:])
+    flat_b = b.reshape(-1, *b.shape[-2:]).transpose(-1, -2)  # [B, N, K]
+    out = bmm(flat_a, flat_b, torch.float32 if a.dtype == torch.float32 else a.dtype)
+    return out.view(*lead, a.shape[-2], b.shape[-1])
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -125,9 +143,7 @@ class BatchInvariantAttentionBackend(AttentionBackend):
         values = values.view(splits, SPLIT, kv_heads, dim).permute(
             2, 0, 1, 3
         )  # [kvh, splits, S, dim]
-        scores = (
-            torch.matmul(queries.contiguous(), keys.contiguous()) * scale
-        )  # [kvh, splits, rows, S]
+        scores = _batched_matmul(queries, keys) * scale  # [kvh, splits, rows, S]
         if options.softcap is not None:
             scores = torch.tanh(scores / options.softcap) * options.softcap
         visible = req.visible(options.window).view(req.padded_queries, 1, splits, SPLIT)
@@ -143,7 +159,7 @@ class BatchInvariantAttentionBackend(AttentionBackend):
             peak = torch.maximum(peak, sinks)
         weights = torch.exp(scores - peak)
         split_sums = weights.sum(dim=3)  # [kvh, splits, rows], fixed-size reductions
-        partial = torch.matmul(weights, values.contiguous())  # [kvh, splits, rows, dim]
+        partial = _batched_matmul(weights, values)  # [kvh, splits, rows, dim]
         total, acc = split_sums[:, 0], partial[:, 0]
         for s in range(1, splits):  # sequential: trailing all-masked splits add exact zeros
             total = total + split_sums[:, s]
