@@ -224,6 +224,17 @@ inline void pack_b_tile(const uint16_t* src, int64_t stride, int64_t valid, uint
   for (int q = 0; q < 16; ++q) _mm512_storeu_si512(tile + 16 * q, r[q]);
 }
 
+// `vectors` x 16 weight rows from row n0 as VNNI blocks: block (k, j) at (k * vectors + j) *
+// 256 dwords holds rows n0 + 16 j .. + 15 at k-block k (zero past N and past K)
+inline void pack_weight_panel(const Problem& p, int64_t n0, int vectors, uint32_t* panel) {
+  const int64_t kb = (p.K + 31) / 32;
+  for (int64_t k = 0; k < kb; ++k)
+    for (int j = 0; j < vectors; ++j)
+      pack_b_tile(p.w + (n0 + 16 * j) * p.w_stride + 32 * k, p.w_stride,
+                  std::max<int64_t>(0, std::min<int64_t>(16, p.N - n0 - 16 * j)),
+                  panel + (k * vectors + j) * 256, std::min<int64_t>(32, p.K - 32 * k));
+}
+
 // ---- avx512bf16: VDPBF16PS, acc += a[2q] b[2q] + a[2q+1] b[2q+1] for the k-pairs q in order --
 // Each row's k-pair broadcast against 64 columns of the weight, packed per call into VNNI
 // blocks (one pass over the weight). Broadcasting the weight against packed rows instead was
@@ -275,11 +286,7 @@ void dp_rows_broadcast(const Problem& p) {
     uint32_t* panel = scratch<uint32_t, 4>(static_cast<size_t>(kb) * 4 * 256);
     for (int64_t pn = b; pn < e; ++pn) {
       const int64_t n0 = pn * 64;
-      for (int64_t k = 0; k < kb; ++k)
-        for (int j = 0; j < 4; ++j)
-          pack_b_tile(p.w + (n0 + 16 * j) * p.w_stride + 32 * k, p.w_stride,
-                      std::max<int64_t>(0, std::min<int64_t>(16, p.N - n0 - 16 * j)),
-                      panel + (k * 4 + j) * 256, std::min<int64_t>(32, p.K - 32 * k));
+      pack_weight_panel(p, n0, 4, panel);
       int64_t m = 0;
       for (; m + 6 <= p.M; m += 6) dp_rows_block<6>(p, panel, m, n0);
       switch (p.M - m) {
@@ -359,6 +366,31 @@ inline void configure_tiles() {
   _tile_loadconfig(&cfg);
 }
 
+// c[2 i + j] = A_i . B_j over all of K, in k order: A_0, A_1 the 16-row tiles at `a` and
+// 16 rows below (`a_stride` bytes a row), B_0, B_1 VNNI tiles at b0, b1, `b_step` dwords
+// from one k-block to the next. Both operand orders run through here.
+inline void amx_tile_block(const uint16_t* a, int64_t a_stride, const uint32_t* b0,
+                           const uint32_t* b1, int64_t b_step, int64_t kb, float (*c)[256]) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < kb; ++k) {
+    _tile_loadd(4, a + 32 * k, a_stride);
+    _tile_loadd(5, a + 16 * (a_stride / 2) + 32 * k, a_stride);
+    _tile_loadd(6, b0 + k * b_step, 64);
+    _tile_loadd(7, b1 + k * b_step, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+  _tile_stored(2, c[2], 64);
+  _tile_stored(3, c[3], 64);
+}
+
 // A C tile's rows to the output: full 16-column tiles take a short loop (the same bias add
 // and rounding as `store_row16`, which the other order uses), the rest `store_row16`.
 inline void store_c_rows(const Problem& p, const float* c, int64_t m0, int64_t rows,
@@ -400,32 +432,11 @@ void amx_rows_as_a(const Problem& p) {
       const int64_t m_end = std::min(p.M, mc + kChunkM);
       for (int64_t panel = b; panel < e; ++panel) {
         const int64_t n0 = panel * 32;
-        for (int64_t k = 0; k < kb; ++k)
-          for (int h = 0; h < 2; ++h)
-            pack_b_tile(p.w + (n0 + 16 * h) * p.w_stride + 32 * k, p.w_stride,
-                        std::max<int64_t>(0, std::min<int64_t>(16, p.N - n0 - 16 * h)),
-                        &packed[(k * 2 + h) * 256]);
+        pack_weight_panel(p, n0, 2, packed);
         for (int64_t m0 = mc; m0 < m_end; m0 += 32) {
           const uint16_t* a = m0 < full ? p.x + m0 * p.x_stride : tail;
           const int64_t a_stride = 2 * (m0 < full ? p.x_stride : p.K);
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-          for (int64_t k = 0; k < kb; ++k) {
-            _tile_loadd(4, a + 32 * k, a_stride);
-            _tile_loadd(5, a + 16 * (a_stride / 2) + 32 * k, a_stride);
-            _tile_loadd(6, &packed[(k * 2 + 0) * 256], 64);
-            _tile_loadd(7, &packed[(k * 2 + 1) * 256], 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-          }
-          _tile_stored(0, c[0], 64);
-          _tile_stored(1, c[1], 64);
-          _tile_stored(2, c[2], 64);
-          _tile_stored(3, c[3], 64);
+          amx_tile_block(a, a_stride, packed, packed + 256, 512, kb, c);
           const int64_t rows = std::min<int64_t>(32, p.M - m0);
           for (int h = 0; h < 2; ++h) {
             if (n0 + 16 * h >= p.N) continue;
@@ -467,28 +478,9 @@ void amx_weight_as_a(const Problem& p) {
       const uint16_t* a = n0 < full ? p.w + n0 * p.w_stride : tail;
       const int64_t a_stride = 2 * (n0 < full ? p.w_stride : p.K);
       for (int64_t g = 0; g < groups; g += 2) {
-        const uint32_t* b0 = &xt[g * kb * 256];
-        const uint32_t* b1 = &xt[(g + 1) * kb * 256];
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t k = 0; k < kb; ++k) {
-          _tile_loadd(4, a + 32 * k, a_stride);
-          _tile_loadd(5, a + 16 * (a_stride / 2) + 32 * k, a_stride);
-          _tile_loadd(6, b0 + k * 256, 64);
-          _tile_loadd(7, b1 + k * 256, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 5, 6);
-          _tile_dpbf16ps(2, 4, 7);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, c[0], 64);
-        _tile_stored(1, c[1], 64);
-        _tile_stored(2, c[2], 64);
-        _tile_stored(3, c[3], 64);
-        for (int t = 0; t < 4; ++t) {  // c[t]: weight rows n0 + 16 (t % 2), x rows 16 (g + t / 2)
-          const int64_t nh = n0 + 16 * (t % 2), m0 = 16 * (g + t / 2);
+        amx_tile_block(a, a_stride, &xt[g * kb * 256], &xt[(g + 1) * kb * 256], 256, kb, c);
+        for (int t = 0; t < 4; ++t) {  // c[t]: weight rows n0 + 16 (t / 2), x rows 16 (g + t % 2)
+          const int64_t nh = n0 + 16 * (t / 2), m0 = 16 * (g + t % 2);
           if (nh >= p.N || m0 >= p.M) continue;
           __m512i r[16];
           for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(c[t] + 16 * i);
