@@ -341,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_gemm_ceiling:
         threads = args.peer_threads or hf_peer.available_cores()
         ceilings = ceiling.measure_ceilings(model_path, threads)
-        print(report.format_ceilings(ceilings, served.total_throughput), flush=True)
+        print(report.format_ceilings(ceilings, served.total_throughput, served.output_throughput),
+              flush=True)  # fmt: skip
 
     peers: dict[str, metrics.PeerMetrics] = {}
     setups: dict[str, str] = {}

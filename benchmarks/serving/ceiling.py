@@ -2,10 +2,13 @@
 
 The issue's yardstick: GFLOP/s of a `[256×576]·[576×1536]` matmul (SmolLM2-135M's MLP
 shape at 256 rows) in fp32, bf16 and int8 (`torch._int_mm`, what w8a8 runs), measured in
-the benchmark's own process right after the server run, divided by the model's FLOPs per
-token (2 × the parameters every token multiplies: the decoder layers' projections and the
-output projection; attention's own FLOPs are left out). A serving run's total token
-throughput over a ceiling is the fraction of the machine's GEMM speed it turned into tokens.
+the benchmark's own process right after the server run. A serving run's useful FLOP rate
+over that GEMM rate is the fraction of the machine's matmul speed it turned into tokens.
+
+Useful FLOPs (attention's own are left out): every token, prompt or output, multiplies the
+decoder layers' projections (2 × their weights); only the tokens that come out also run the
+output projection (one LM head per generated token: a prompt's positions before its last
+never reach it). `tokens_per_s` is the ceiling in generated-token terms (decoder + LM head).
 """
 
 from __future__ import annotations
@@ -20,17 +23,39 @@ DTYPES = ("float32", "bfloat16", "int8")
 
 
 @dataclass(frozen=True)
+class ModelFlops:
+    """FLOPs per token of the decoder layers and of the output projection."""
+
+    decoder: float
+    lm_head: float
+
+    @property
+    def per_generated_token(self) -> float:
+        return self.decoder + self.lm_head
+
+    def rate(self, total_tokens_per_s: float, output_tokens_per_s: float) -> float:
+        """Useful FLOP/s of a run: every token through the decoder, output tokens through
+        the LM head too."""
+        return total_tokens_per_s * self.decoder + output_tokens_per_s * self.lm_head
+
+
+@dataclass(frozen=True)
 class Ceiling:
     dtype: str
     gflops: float  # GFLOP/s (GOP/s for int8) of the GEMM
-    tokens_per_s: float  # gflops / the model's FLOPs per token
+    tokens_per_s: float  # gflops / the FLOPs of one generated token (decoder + LM head)
+    flops: ModelFlops
 
-    def fraction(self, total_tokens_per_s: float) -> float:
-        return total_tokens_per_s / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
+    def fraction(self, total_tokens_per_s: float, output_tokens_per_s: float) -> float:
+        """The run's useful FLOP rate over this GEMM rate."""
+        if self.gflops <= 0:
+            return 0.0
+        return self.flops.rate(total_tokens_per_s, output_tokens_per_s) / (self.gflops * 1e9)
 
 
-def model_flops_per_token(config: dict) -> float:
-    """2 × the weights one token multiplies (Llama family config.json)."""
+def model_flops(config: dict) -> ModelFlops:
+    """2 × the weights one token multiplies, split decoder / LM head (Llama family
+    config.json)."""
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
@@ -38,8 +63,8 @@ def model_flops_per_token(config: dict) -> float:
     inter = config["intermediate_size"]
     per_layer = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
     per_layer += 3 * hidden * inter
-    params = config["num_hidden_layers"] * per_layer + hidden * config["vocab_size"]
-    return 2.0 * params
+    return ModelFlops(2.0 * config["num_hidden_layers"] * per_layer,
+                      2.0 * hidden * config["vocab_size"])  # fmt: skip
 
 
 def gemm_gflops(dtype: str, seconds: float = 0.2, windows: int = 5) -> float:
@@ -78,11 +103,11 @@ def measure_ceilings(model_path: Path, threads: int) -> list[Ceiling]:
     import torch
 
     torch.set_num_threads(threads)
-    flops = model_flops_per_token(json.loads((Path(model_path) / "config.json").read_text()))
+    flops = model_flops(json.loads((Path(model_path) / "config.json").read_text()))
     out = []
     for dtype in DTYPES:
         g = gemm_gflops(dtype)
-        out.append(Ceiling(dtype, g, g * 1e9 / flops))
+        out.append(Ceiling(dtype, g, g * 1e9 / flops.per_generated_token, flops))
     return out
 
 

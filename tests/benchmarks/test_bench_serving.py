@@ -520,27 +520,32 @@ def test_explicit_minimum_lengths_bound_the_draws(word_tokenizer):
     assert all(20 <= r.prompt_len <= 40 for r in requests)
 
 
-def test_model_flops_per_token_is_twice_the_weights_a_token_multiplies():
+def test_model_flops_split_decoder_and_lm_head_from_the_weights():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from benchmarks.serving.ceiling import model_flops_per_token
+    from benchmarks.serving.ceiling import model_flops
 
     config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96,
                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                          tie_word_embeddings=True)  # fmt: skip
     model = LlamaForCausalLM(config)
     weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    assert model_flops_per_token(config.to_dict()) == 2 * weights
+    flops = model_flops(config.to_dict())
+    assert flops.lm_head == 2 * 64 * 300
+    assert flops.decoder + flops.lm_head == 2 * weights
 
 
-def test_ceiling_fraction_and_report_name_every_dtype():
-    from benchmarks.serving.ceiling import Ceiling
+def test_prompt_tokens_are_not_credited_with_lm_head_flops():
+    from benchmarks.serving.ceiling import Ceiling, ModelFlops
 
-    ceilings = [Ceiling("float32", 200.0, 1000.0), Ceiling("bfloat16", 800.0, 4000.0)]
-    assert ceilings[1].fraction(2400.0) == pytest.approx(0.6)
-    text = report.format_ceilings(ceilings, 2400.0)
-    assert "60.0%" in text and "240.0%" in text and "bfloat16 GFLOP/s" in text
+    flops = ModelFlops(decoder=100.0, lm_head=50.0)
+    ceilings = [Ceiling("float32", 1e-6, 1e3 / 150, flops), Ceiling("bfloat16", 4e-6, 4e3 / 150, flops)]
+    # 30 tok/s in all, 10 of them generated: 30 x 100 + 10 x 50 = 3500 FLOP/s, not 30 x 150
+    assert ceilings[0].fraction(30.0, 10.0) == pytest.approx(3500 / 1000)
+    assert ceilings[1].fraction(30.0, 10.0) == pytest.approx(3500 / 4000)
+    text = report.format_ceilings(ceilings, 30.0, 10.0)
+    assert "350.0%" in text and "87.5%" in text and "bfloat16 GFLOP/s" in text
 
 
 def test_comparisons_show_every_peer_and_the_best():

@@ -45,13 +45,35 @@ def test_a_body_that_is_not_an_object_is_a_400(client):
         ({"stop": 3}, "stop"),
         ({"messages": "hi"}, "messages"),
         ({"messages": []}, "messages"),
-        ({"messages": [{"content": "no role"}]}, "messages"),
+        ({"messages": [{"content": "no role"}]}, "messages.[0].role"),
+        # what OpenAI refuses of a message, named by its index and field
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.[0].role"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages.[0].content"),
+        ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "4"}]},
+         "messages.[1].tool_call_id"),
+        ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]},
+         "messages.[1].content"),
+        # stop strings are bounded (openai_protocol.MAX_STOP_STRINGS / MAX_STOP_STRING_CHARS)
+        ({"stop": [f"s{i}" for i in range(3000)]}, "stop"),
+        ({"stop": ["x" * 257]}, "stop"),
         ({"seed": "abc"}, "seed"),
     ],
 )
 def test_wrong_values_and_types_are_a_400_naming_the_field(client, tm, fields, param):
     assert_error(client.post("/v1/chat/completions", json={**CHAT, **fields}), 400, param=param)
     assert tm.requests == []
+
+
+def test_messages_openai_accepts_are_served(client, tm):
+    """An assistant turn with tool calls and no content, then the tool's answer."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+    messages = [{"role": "developer", "content": "be brief"},
+                {"role": "user", "content": "add"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "4"}]  # fmt: skip
+    assert client.post("/v1/chat/completions", json={**CHAT, "messages": messages}).status_code == 200
+    body = {**CHAT, "stop": [f"s{i}" for i in range(16)]}  # the most stop strings allowed
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
 
 
 def test_a_missing_prompt_is_a_400(client):

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from sluice.runtime.stop_match import first_stop, stop_pattern
+
 REPLACEMENT_CHAR = "\ufffd"
 
 
@@ -47,8 +49,13 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         stop_strings: Iterable[str] = (),
         spaces_between_special_tokens: bool = True,
+        min_tokens: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
+        self.min_tokens = min_tokens
+        # the text's length before the `min_tokens`-th token: a stop string ending there or
+        # earlier does not count (vLLM's and OpenAI's `min_tokens`); None until known
+        self._stop_floor: int | None = 0 if min_tokens <= 1 else None
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
         self._added: dict[int, str] = {}
@@ -58,6 +65,7 @@ class IncrementalDetokenizer:
             self._special = set(tokenizer.all_special_ids)
         self.stop_strings = [s for s in dict.fromkeys(stop_strings) if s]
         self._max_stop_len = max((len(s) for s in self.stop_strings), default=0)
+        self._stop_pattern = stop_pattern(self.stop_strings)
         self.ids: list[int] = []
         self.text = ""  # decoded text so far (complete characters only, until finished)
         self.sent = 0  # characters of `text` already emitted
@@ -148,13 +156,15 @@ class IncrementalDetokenizer:
 
     # --- stop strings ---------------------------------------------------------------------
     def _find_stop(self, start: int) -> tuple[int, str] | None:
-        """The earliest stop string in `text[start:]`, as (index, stop)."""
-        best: tuple[int, str] | None = None
-        for stop in self.stop_strings:
-            idx = self.text.find(stop, start)
-            if idx >= 0 and (best is None or idx < best[0]):
-                best = (idx, stop)
-        return best
+        """The earliest stop string in `text[start:]` ending past the `min_tokens` floor, as
+        (index, stop); every stop string in one pass."""
+        if self._stop_pattern is None:
+            return None
+        if self._stop_floor is None:
+            if len(self.ids) < self.min_tokens:
+                return None
+            self._stop_floor = len(self._decode(self.ids[: self.min_tokens - 1]))
+        return first_stop(self._stop_pattern, self.text, start, self._stop_floor)
 
     def _ids_up_to(self, num_new: int, text_end: int) -> int:
         """How many of the last `num_new` ids it takes for the text to reach `text_end`

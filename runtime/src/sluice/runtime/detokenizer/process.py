@@ -70,6 +70,7 @@ class DetokenizerManager:
                     spaces_between_special_tokens=(
                         params.spaces_between_special_tokens if params else True
                     ),
+                    min_tokens=params.min_tokens if params else 0,
                 )
                 self.states[u.rid] = state
             scheduler_stop = finish.matched_str if finish is not None else None

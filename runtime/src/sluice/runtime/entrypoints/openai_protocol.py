@@ -12,7 +12,10 @@ Choices made where OpenAI, vLLM and SGLang differ:
 - `temperature` >= 0 with no upper bound (vLLM's rule; OpenAI caps at 2); values below
   1e-5 mean greedy. `top_p` in (0, 1]; `top_k` -1 or 0 disables, else >= 1; `min_p` in
   [0, 1]; `repetition_penalty` > 0; `frequency_penalty`/`presence_penalty` in [-2, 2].
-- `stop`: a string or a list of any length (vLLM; OpenAI allows 4); empty strings dropped.
+- `stop`: a string or a list of at most `MAX_STOP_STRINGS` (16; OpenAI allows 4, vLLM any
+  number) of at most `MAX_STOP_STRING_CHARS` (256) characters each; empty strings dropped.
+  Every string is looked for after every token, so an unbounded list costs every request
+  in the batch.
 - `max_tokens` omitted: 16 for /v1/completions (OpenAI, vLLM and SGLang all default to 16
   there), the rest of the context (`context_len - prompt_len`) for chat, and 128 capped to
   the context for /generate. Chat's `max_completion_tokens` wins over `max_tokens`.
@@ -42,6 +45,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from sluice.runtime.entrypoints import request_fields as F
+from sluice.runtime.entrypoints.message_rules import message_param, message_problem
 from sluice.runtime.entrypoints.tools import ToolChoice, ToolDef
 
 MAX_N = 128
@@ -93,6 +97,8 @@ def from_validation_error(exc: ValidationError) -> ProtocolError:
     err = exc.errors(include_url=False)[0]
     loc = ".".join(str(part) for part in err["loc"])
     param = str(err["loc"][0]) if err["loc"] else None
+    if param == "messages" and len(err["loc"]) >= 3 and isinstance(err["loc"][1], int):
+        param = message_param(err["loc"][1], str(err["loc"][2]))  # OpenAI's messages.[i].field
     code = "missing_required_parameter" if err["type"] == "missing" else "invalid_value"
     message = f"{loc}: {err['msg']}" if loc else err["msg"]
     return ProtocolError(message, param=param, code=code)
@@ -137,6 +143,10 @@ Bool = StrictBool
 TokenId = Annotated[Int, Field(ge=0)]
 
 
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+
+
 def _stop_list(value: Any) -> list[str]:
     if value is None:
         return []
@@ -144,7 +154,15 @@ def _stop_list(value: Any) -> list[str]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise PydanticCustomError("stop_type", "Input should be a string or a list of strings")
-    return [s for s in dict.fromkeys(value) if s]
+    stops = [s for s in dict.fromkeys(value) if s]
+    if len(stops) > MAX_STOP_STRINGS:
+        raise PydanticCustomError("too_many_stop_strings", "at most {limit} stop strings",
+                                  {"limit": MAX_STOP_STRINGS})  # fmt: skip
+    if any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
+        raise PydanticCustomError("stop_string_too_long",
+                                  "a stop string has at most {limit} characters",
+                                  {"limit": MAX_STOP_STRING_CHARS})  # fmt: skip
+    return stops
 
 
 def _is_token_ids(value: Any) -> bool:
@@ -377,7 +395,7 @@ class ChatMessage(BaseModel):
     """A message; keys beyond these reach the chat template as they are."""
 
     model_config = ConfigDict(extra="allow")
-    role: str = Field(min_length=1)  # any role the chat template knows, like vLLM
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # OpenAI's
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -450,6 +468,8 @@ class ChatCompletionRequest(_SamplingRequest):
                 "continue_final_message needs the last message to be the assistant's",
                 param="continue_final_message",
             )
+        if (problem := message_problem(self.messages)) is not None:
+            raise ProtocolError(problem[1], param=problem[0])
 
 
 class NativeSamplingParams(_Request):

@@ -119,6 +119,7 @@ class DetokenizeParams:
     skip_special_tokens: bool = True
     stop: list[str] = field(default_factory=list)
     spaces_between_special_tokens: bool = True
+    min_tokens: int = 0  # a stop string counts only if it ends in this token or a later one
 
 
 @register

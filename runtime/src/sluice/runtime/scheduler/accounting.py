@@ -86,6 +86,7 @@ def token_output(reqs: list[Req]) -> BatchTokenIDOut:
                     r.sampling.skip_special_tokens,
                     list(r.sampling.stop),
                     r.sampling.spaces_between_special_tokens,
+                    r.sampling.min_new_tokens,
                 )
                 if first
                 else None,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sluice.runtime.ipc.messages import FinishReason
 from sluice.runtime.scheduler.request import Req
+from sluice.runtime.stop_match import first_stop, stop_pattern
 
 
 @dataclass
@@ -21,11 +22,16 @@ class StopStringMatcher:
     decode_text: Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text
 
     def check(self, req: Req) -> None:
-        if len(req.output_ids) < req.sampling.min_new_tokens:
+        sampling = req.sampling
+        n = len(req.output_ids)
+        if n < sampling.min_new_tokens:
             return
-        window = 4 * max(len(s) for s in req.sampling.stop) + 1
-        tail = self.decode_text(req.output_ids[-window:], req.sampling.skip_special_tokens)
-        for stop in req.sampling.stop:
-            if stop and stop in tail:
-                req.finish(FinishReason("stop", matched_str=stop))
-                return
+        start = max(0, n - (4 * max(len(s) for s in sampling.stop) + 1))
+        window = req.output_ids[start:]
+        tail = self.decode_text(window, sampling.skip_special_tokens)
+        # with min_tokens, a match must end in the min_tokens-th token's text or later
+        before = sampling.min_new_tokens - 1 - start
+        floor = len(self.decode_text(window[:before], sampling.skip_special_tokens)) if before > 0 else 0
+        found = first_stop(stop_pattern(sampling.stop), tail, 0, floor)
+        if found is not None:
+            req.finish(FinishReason("stop", matched_str=found[1]))
