@@ -22,8 +22,8 @@ import torch  # noqa: E402
 
 from sluice.runtime.attention.registry import create_attention_backend  # noqa: E402
 from sluice.runtime.engine.cuda_graph import CudaGraphRunner, capture_batch_sizes  # noqa: E402
+from sluice.runtime.forward import ForwardBatch, ForwardMode  # noqa: E402
 from sluice.runtime.memory.kv_buffers import KVBuffers  # noqa: E402
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from sluice.runtime.model.loader import load_model  # noqa: E402
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.kv_buffers import KVBuffers
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 
 @dataclass

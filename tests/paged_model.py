@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.kv_buffers import KVBuffers
 from sluice.runtime.memory.request_slots import RequestSlots
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 
 @dataclass

@@ -17,8 +17,8 @@ import torch
 
 from sluice.runtime.attention.cpu_backend import CpuAttentionBackend, VarlenTorchAttention
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.memory.kv_buffers import KVBuffers
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 BATCHES = {"uniform": [188] * 32, "skewed": [2048] + [128] * 31}

@@ -26,7 +26,7 @@ import httpx
 import torch
 
 from benchmarks.cpu.step import Runner, load
-from sluice.runtime.model.forward_batch import ForwardMode
+from sluice.runtime.forward import ForwardMode
 from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
 
 PROMPTS = [

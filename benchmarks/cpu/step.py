@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.memory.kv_buffers import KVBuffers
 from sluice.runtime.model import cpu_fused_ops
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sluice.runtime.model.loader import default_cache_dir, load_model, resolve_model_path
 from sluice.runtime.model.quantization import quantize_model
 

@@ -7,8 +7,8 @@ import torch
 
 from sluice.runtime.attention.batch_invariant import BatchInvariantAttentionBackend
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.memory.kv_buffers import KVBuffers
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 HEADS, KV_HEADS, DIM = 4, 2, 16
 

@@ -19,9 +19,9 @@ import torch
 from sluice.runtime.attention import cpu_backend
 from sluice.runtime.attention.cpu_backend import CpuAttentionBackend, VarlenTorchAttention
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.kernels import cpu_extension as extension
 from sluice.runtime.memory.kv_buffers import KVBuffers
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 HEAD_DIM = 64
 BF16_TOL = 2e-2

@@ -9,7 +9,7 @@ from paged_batch import make_case
 
 from sluice.runtime.attention.flashinfer import paged_kv_layout, paged_view, qo_indptr
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
-from sluice.runtime.model.forward_batch import ForwardMode
+from sluice.runtime.forward import ForwardMode
 
 
 def slots_from_layout(layout, seq_lens: list[int], page_size: int) -> list[list[int]]:

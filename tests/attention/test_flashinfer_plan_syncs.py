@@ -14,7 +14,7 @@ import torch
 from paged_batch import make_case
 from sync_recorder import recording
 
-from sluice.runtime.model.forward_batch import ForwardMode
+from sluice.runtime.forward import ForwardMode
 
 
 class _Wrapper:

@@ -21,8 +21,8 @@ from sluice.runtime.attention.batch_invariant import BatchInvariantAttentionBack
 from sluice.runtime.attention.cpu_backend import CpuAttentionBackend, VarlenTorchAttention
 from sluice.runtime.attention.split import SplitBatchAttention
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.kernels import cpu_extension as extension
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 HEADS, KV_HEADS = 6, 2
 

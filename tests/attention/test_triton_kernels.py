@@ -8,7 +8,7 @@ import torch
 from paged_batch import make_case, run_backend
 
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
-from sluice.runtime.model.forward_batch import ForwardMode
+from sluice.runtime.forward import ForwardMode
 
 pytest.importorskip("triton")
 from sluice.runtime.attention.triton.backend import TritonAttentionBackend  # noqa: E402

@@ -16,8 +16,8 @@ from sluice.runtime.engine.cuda_graph import (
     cuda_graph_disabled_reason,
 )
 from sluice.runtime.engine.model_worker import gpu_kv_pool_tokens
+from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.memory.kv_buffers import KVBuffers
-from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.loader import load_model
 
 

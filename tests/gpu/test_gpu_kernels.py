@@ -12,7 +12,7 @@ from gpu_support import ON_CPU, backend_for
 from paged_batch import make_case, run_backend, with_dtype
 
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
-from sluice.runtime.model.forward_batch import ForwardMode
+from sluice.runtime.forward import ForwardMode
 
 BACKENDS = ["triton", "flashinfer"]
 GROUPS = [(9, 3), (32, 8), (4, 4)]  # (query heads, KV heads): groups 3, 4, 1

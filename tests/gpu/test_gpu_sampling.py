@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sluice.runtime.engine.sampler import warp
 from sluice.runtime.ipc.messages import SamplingParams
-from sluice.runtime.sampling.sampler import warp
 
 VOCAB = 4096
 
@@ -19,7 +19,7 @@ def fi_sample(device):
     if device != "cuda":
         pytest.skip("FlashInfer needs a GPU")
     pytest.importorskip("flashinfer")
-    from sluice.runtime.sampling.flashinfer_sampling import flashinfer_sample
+    from sluice.runtime.engine.flashinfer_sampling import flashinfer_sample
 
     return flashinfer_sample
 

@@ -21,9 +21,9 @@ from tiny_model import (  # tests/ is on sys.path (tests/conftest.py)
     make_tiny_qwen3_moe,
 )
 
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.memory.kv_buffers import KVBuffers
 from sluice.runtime.model.config import ModelConfig
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from sluice.runtime.model.llama import LlamaForCausalLM
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

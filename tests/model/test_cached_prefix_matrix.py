@@ -43,9 +43,9 @@ from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.cpu_backend import CpuAttentionBackend
 from sluice.runtime.attention.registry import create_model_backend
 from sluice.runtime.attention.split import SplitBatchAttention
+from sluice.runtime.forward import ForwardMode
 from sluice.runtime.kernels import cpu_extension
 from sluice.runtime.model import cpu_fused_ops
-from sluice.runtime.model.forward_batch import ForwardMode
 from sluice.runtime.model.loader import load_model
 from sluice.runtime.model.quantization import quantize_model, torchao_available
 

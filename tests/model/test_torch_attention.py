@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.memory.kv_buffers import KVBuffers
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 8
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sluice.runtime.model.forward_batch import ForwardMode
+from sluice.runtime.forward import ForwardMode
 
 EXTEND, DECODE = ForwardMode.EXTEND, ForwardMode.DECODE
 

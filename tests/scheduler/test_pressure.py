@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.runtime.model.forward_batch import ForwardMode
+from sluice.runtime.forward import ForwardMode
 
 EXTEND, DECODE = ForwardMode.EXTEND, ForwardMode.DECODE
 

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from sluice.runtime.model.forward_batch import ForwardBatch
+from sluice.runtime.forward import ForwardBatch
 
 
 @dataclass(frozen=True, eq=False)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, LayerAttention
-from sluice.runtime.model.forward_batch import ForwardBatch
+from sluice.runtime.forward import ForwardBatch
 
 SPLIT = 64
 ROW_MULTIPLE = 16

@@ -28,8 +28,8 @@ import torch
 from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, LayerAttention
 from sluice.runtime.attention.cpu_kernel_check import kernel_problem
 from sluice.runtime.attention.torch_backend import TorchAttentionBackend
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.kernels import cpu_extension as extension
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 logger = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, LayerAttention
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.memory.staging import Staging
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 WORKSPACE_BYTES = 256 * 2**20
 # FlashInfer's decode kernels for wide GQA groups are its prefill (tensor-core) kernels

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, LayerAttention
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 
 
 def leading_single_token_rows(batch: ForwardBatch) -> int:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, LayerAttention
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 
 
 def attend(

@@ -7,8 +7,6 @@
   thread (the per-tick broadcast), so the forward thread of the overlap loop and the
   scheduler thread never issue collectives on the same group;
 - `sharding`: which slice of every weight a rank holds and reads from the checkpoint;
-- `layers`: the vocab-parallel embedding and LM head;
-- `ticks`, `follower`, `grammar_sync`: rank 0 receives from the TokenizerManager and
-  broadcasts each tick's messages; every rank runs the same `Scheduler` on them, so every
-  rank makes the same decisions; only rank 0 sends outputs and stats.
+- `layers`: the vocab-parallel embedding and LM head.
+Rank 0's ticks replayed on the other ranks are the scheduler's (`scheduler/ranks.py`).
 """

@@ -22,8 +22,8 @@ from dataclasses import replace
 import torch
 
 from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.memory.kv_buffers import KVBuffers
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 logger = logging.getLogger("sluice.cuda_graph")
 

@@ -44,27 +44,27 @@ from sluice.runtime.engine.engine_faults import EngineUnusable
 from sluice.runtime.engine.fault_injection import FaultPlan
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
 from sluice.runtime.engine.gpu_defaults import resolve_for_model
-from sluice.runtime.engine.step_inputs import (
-    forward_batch_of,
-    next_positions,
-    stage_step,
-    write_tables,
-)
-from sluice.runtime.ipc.messages import SchedulerReady
-from sluice.runtime.lora.manager import create_lora_manager
-from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
-from sluice.runtime.memory.staging import Staged
-from sluice.runtime.model import batch_invariant_ops, cpu_fused_ops
-from sluice.runtime.model.forward_batch import ForwardBatch
-from sluice.runtime.model.loader import load_model, load_tokenizer
-from sluice.runtime.model.quantization import quantize_model
-from sluice.runtime.sampling.sampler import (
+from sluice.runtime.engine.sampler import (
     SampleOutput,
     SamplingTensors,
     TokenHistory,
     needs_history,
     sample,
 )
+from sluice.runtime.engine.step_inputs import (
+    forward_batch_of,
+    next_positions,
+    stage_step,
+    write_tables,
+)
+from sluice.runtime.forward import ForwardBatch
+from sluice.runtime.ipc.messages import SchedulerReady
+from sluice.runtime.lora.manager import create_lora_manager
+from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
+from sluice.runtime.memory.staging import Staged
+from sluice.runtime.model import batch_invariant_ops, cpu_fused_ops
+from sluice.runtime.model.loader import load_model, load_tokenizer
+from sluice.runtime.model.quantization import quantize_model
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.threads import model_worker_threads
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 
 from sluice.runtime.engine.forward_input import ForwardInput, RowInput
+from sluice.runtime.engine.sampler import stage_sampling
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.memory.kv_buffers import KVBuffers
 from sluice.runtime.memory.staging import Staged, Staging
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from sluice.runtime.sampling.sampler import stage_sampling
 
 
 def _table_writes(

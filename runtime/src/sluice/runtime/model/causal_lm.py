@@ -22,8 +22,8 @@ from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.distributed.layers import embed, gather_logits
 from sluice.runtime.distributed.sharding import ModelShard
+from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.model.config import ModelConfig
-from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.layers import Linear, RMSNorm
 from sluice.runtime.model.registry import Architecture, WeightRule, architecture_for
 from sluice.runtime.model.rotary import RotaryEmbedding

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 # fp32 logits without the kernel: the weight converted this many rows at a time, so no fp32
 # copy of a whole (vocabulary-sized) matrix is ever made
 _FP32_SLICE_ROWS = 4096

@@ -16,9 +16,9 @@ from torch import nn
 
 from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
+from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
-from sluice.runtime.model.forward_batch import ForwardBatch
 from sluice.runtime.model.layers import Linear, RMSNorm, SwiGLUMLP
 from sluice.runtime.model.moe import MoE
 from sluice.runtime.model.registry import Architecture, WeightRule, architecture_for

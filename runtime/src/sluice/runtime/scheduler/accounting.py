@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sluice.runtime.forward import ForwardMode
 from sluice.runtime.ipc.messages import BatchTokenIDOut, DetokenizeParams, TokenUpdate
-from sluice.runtime.model.forward_batch import ForwardMode
 from sluice.runtime.scheduler.request import Req
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice.runtime.engine.forward_input import ForwardInput, RowInput, SamplingInput, VocabMask
-from sluice.runtime.model.forward_batch import ForwardMode
+from sluice.runtime.forward import ForwardMode
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.request import Req
 

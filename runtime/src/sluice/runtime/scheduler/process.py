@@ -1,7 +1,7 @@
 """The scheduler process: ZeroMQ in, scheduler ticks, ZeroMQ out.
 
 With tensor parallelism there is one per rank: rank 0 does all of the above and broadcasts
-each tick to the other ranks, which replay it (`distributed.follower`) and talk to no one.
+each tick to the other ranks, which replay it (`scheduler.ranks`) and talk to no one.
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ from typing import Any
 import zmq
 
 from sluice.runtime.constrained import GrammarCompiler
-from sluice.runtime.distributed.follower import follow_leader
-from sluice.runtime.distributed.grammar_sync import grammar_queue
 from sluice.runtime.distributed.group import SINGLE_RANK, init_process_group
-from sluice.runtime.distributed.ticks import Tick, TickBroadcaster
 from sluice.runtime.distributed.topology import RankSpec
 from sluice.runtime.engine.executor import SyncExecutor, overlap_executor
 from sluice.runtime.engine.fault_injection import FaultPlan
@@ -44,6 +41,7 @@ from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.faults import answer_everyone
 from sluice.runtime.scheduler.hold_gate import HoldGate
 from sluice.runtime.scheduler.policy import PolicyConfig
+from sluice.runtime.scheduler.ranks import Tick, TickBroadcaster, follow_leader, grammar_queue
 from sluice.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from sluice.runtime.server_args import ServerArgs
 

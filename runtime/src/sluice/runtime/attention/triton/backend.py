@@ -21,7 +21,7 @@ from sluice.runtime.attention.base import FULL_ATTENTION, AttentionBackend, Laye
 from sluice.runtime.attention.triton.config import TritonAttentionConfig
 from sluice.runtime.attention.triton.decode import decode_attention
 from sluice.runtime.attention.triton.extend import extend_attention
-from sluice.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from sluice.runtime.forward import ForwardBatch, ForwardMode
 
 
 @dataclass(frozen=True)

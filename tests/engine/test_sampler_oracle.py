@@ -14,8 +14,7 @@ from transformers.generation.logits_process import (
 )
 
 from sluice.runtime.engine.forward_input import SamplingInput
-from sluice.runtime.ipc.messages import SamplingParams
-from sluice.runtime.sampling.sampler import (
+from sluice.runtime.engine.sampler import (
     TokenHistory,
     apply_penalties,
     device_uniforms,
@@ -23,6 +22,7 @@ from sluice.runtime.sampling.sampler import (
     sample,
     warp,
 )
+from sluice.runtime.ipc.messages import SamplingParams
 
 VOCAB = 257
 

@@ -1,1 +1,0 @@
-"""Sampling: logits to next tokens."""
