@@ -7,9 +7,9 @@ import pytest
 from tiny_model import make_tiny_llama
 
 from sluice.runtime.cli import build_parser, main
-from sluice.runtime.distributed.sharding import LlamaShard
-from sluice.runtime.distributed.topology import node_ranks, parse_host_port, tensor_parallel_problem
+from sluice.runtime.distributed.topology import node_ranks, parse_host_port
 from sluice.runtime.model.config import ModelConfig
+from sluice.runtime.model.sharding import LlamaShard, tensor_parallel_problem
 from sluice.runtime.server_args import ServerArgs
 
 

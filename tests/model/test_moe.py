@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from sluice.runtime.model.config import MoEOptions
-from sluice.runtime.model.moe import MoE, route
+from sluice.runtime.model.moe import MoE
+from sluice.runtime.model.moe_routing import route
 
 
 def _layer(experts: int, top_k: int, renormalize: bool, dtype: torch.dtype, seed: int = 0) -> MoE:

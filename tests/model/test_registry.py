@@ -9,7 +9,6 @@ import pytest
 from tiny_model import make_tiny_llama
 
 from sluice.runtime.cli import main
-from sluice.runtime.distributed.sharding import ModelShard
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.llama import LlamaForCausalLM
@@ -19,6 +18,7 @@ from sluice.runtime.model.registry import (
     find_architecture,
     supported_architectures,
 )
+from sluice.runtime.model.sharding import ModelShard
 
 
 def _edit_config(folder: Path, **changes: object) -> Path:

@@ -29,7 +29,7 @@ import uvicorn
 
 from sluice.runtime import constants as C
 from sluice.runtime.detokenizer.process import run_detokenizer_process
-from sluice.runtime.distributed.topology import RankSpec, node_ranks, tensor_parallel_problem
+from sluice.runtime.distributed.topology import RankSpec, node_ranks
 from sluice.runtime.engine.gpu_defaults import resolve_for_model
 from sluice.runtime.entrypoints.http_server import build_app
 from sluice.runtime.entrypoints.request_limits import RequestLimits
@@ -40,6 +40,7 @@ from sluice.runtime.metrics import MetricsCollector
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
 from sluice.runtime.model.registry import architecture_for
+from sluice.runtime.model.sharding import tensor_parallel_problem
 from sluice.runtime.scheduler.process import run_scheduler_process
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.supervisor import Supervisor

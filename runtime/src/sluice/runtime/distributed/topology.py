@@ -13,8 +13,6 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from sluice.runtime.model.config import ModelConfig
-
 LOCALHOST = "127.0.0.1"
 
 
@@ -65,31 +63,3 @@ def parse_host_port(value: str) -> tuple[str, int] | None:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         return None
     return host.strip("[]"), int(port)
-
-
-def tensor_parallel_problem(
-    tp: int, nnodes: int, config: ModelConfig, device: str, visible_gpus: int
-) -> str | None:
-    """Why the model cannot be split `tp` ways here (one line), or None."""
-    if tp == 1:
-        return None
-    heads, kv = config.num_attention_heads, config.num_key_value_heads
-    flag = f"--tensor-parallel-size {tp}"
-    if heads % tp:
-        return f"{flag} does not divide the model's {heads} attention heads"
-    if kv % tp and tp % kv:
-        return (
-            f"{flag} and the model's {kv} KV heads: one must divide the other "
-            "(KV heads are split across ranks, or replicated when there are fewer than ranks)"
-        )
-    if config.intermediate_size % tp:
-        return f"{flag} does not divide the model's MLP width {config.intermediate_size}"
-    if config.moe is not None and config.moe.intermediate_size % tp:
-        return f"{flag} does not divide the model's expert width {config.moe.intermediate_size}"
-    per_node = tp // nnodes
-    if device.startswith("cuda") and per_node > visible_gpus:
-        return (
-            f"{flag} needs {per_node} GPUs on this node but {visible_gpus} "
-            f"{'is' if visible_gpus == 1 else 'are'} visible"
-        )
-    return None

@@ -20,13 +20,13 @@ from torch import nn
 
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
-from sluice.runtime.distributed.layers import embed, gather_logits
-from sluice.runtime.distributed.sharding import ModelShard
 from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.layers import Linear, RMSNorm
+from sluice.runtime.model.parallel_layers import embed, gather_logits
 from sluice.runtime.model.registry import Architecture, WeightRule, architecture_for
 from sluice.runtime.model.rotary import RotaryEmbedding
+from sluice.runtime.model.sharding import ModelShard
 
 _IGNORED_WEIGHTS = re.compile(r"rotary_emb\.inv_freq$")
 _WHOLE_PIECES = ("", "o", "down", "expert_down")  # a row split cuts columns, not rows

@@ -33,12 +33,12 @@ from torch import nn
 
 from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
-from sluice.runtime.distributed.layers import embed
 from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig, RopeScaling
 from sluice.runtime.model.layers import Linear
 from sluice.runtime.model.llama import attention_rules, common_rules, dense_mlp_rules
+from sluice.runtime.model.parallel_layers import embed
 from sluice.runtime.model.registry import Architecture, WeightRule
 from sluice.runtime.model.rotary import RotaryEmbedding
 

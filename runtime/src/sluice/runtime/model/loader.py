@@ -31,10 +31,10 @@ from sluice.runtime import constants
 from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.attention.registry import create_attention_backend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
-from sluice.runtime.distributed.sharding import WHOLE, TensorRead
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.registry import architecture_for
+from sluice.runtime.model.sharding import WHOLE, TensorRead
 
 logger = logging.getLogger(__name__)
 

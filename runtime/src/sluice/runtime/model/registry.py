@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from sluice.runtime.distributed.sharding import PIECES, SPLITS
 from sluice.runtime.model.config import ModelConfig
+from sluice.runtime.model.sharding import PIECES, SPLITS
 
 if TYPE_CHECKING:
     from torch import nn

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sluice.runtime.model.moe import expert_counts
+from sluice.runtime.model.moe_routing import expert_counts
 
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 32, 32
 

@@ -17,6 +17,7 @@ Which split and which piece each checkpoint tensor is comes from its architectur
 rules (`model.registry.WeightRule`: `split` one of `SPLITS`, `piece` one of `PIECES`);
 `ModelShard.read` turns them into what to read of each tensor, so a rank reads only its
 slices (safetensors' `get_slice`) instead of loading whole tensors and cutting them.
+`tensor_parallel_problem` says at start-up why a model cannot be split N ways.
 """
 
 from __future__ import annotations
@@ -169,3 +170,31 @@ class ModelShard:
 
 
 LlamaShard = ModelShard  # the name before the registry; kept for callers
+
+
+def tensor_parallel_problem(
+    tp: int, nnodes: int, config: ModelConfig, device: str, visible_gpus: int
+) -> str | None:
+    """Why the model cannot be split `tp` ways here (one line), or None."""
+    if tp == 1:
+        return None
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    flag = f"--tensor-parallel-size {tp}"
+    if heads % tp:
+        return f"{flag} does not divide the model's {heads} attention heads"
+    if kv % tp and tp % kv:
+        return (
+            f"{flag} and the model's {kv} KV heads: one must divide the other "
+            "(KV heads are split across ranks, or replicated when there are fewer than ranks)"
+        )
+    if config.intermediate_size % tp:
+        return f"{flag} does not divide the model's MLP width {config.intermediate_size}"
+    if config.moe is not None and config.moe.intermediate_size % tp:
+        return f"{flag} does not divide the model's expert width {config.moe.intermediate_size}"
+    per_node = tp // nnodes
+    if device.startswith("cuda") and per_node > visible_gpus:
+        return (
+            f"{flag} needs {per_node} GPUs on this node but {visible_gpus} "
+            f"{'is' if visible_gpus == 1 else 'are'} visible"
+        )
+    return None
