@@ -34,6 +34,7 @@ from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvarian
 from sluice.runtime.attention.cpu_backend import CpuAttentionBackend
 from sluice.runtime.attention.registry import create_model_backend, resolve_backend_name
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
+from sluice.runtime.engine.adapters import create_lora_manager
 from sluice.runtime.engine.cpu_features import choose_dtype, choose_kv_dtype
 from sluice.runtime.engine.cuda_graph import (
     CudaGraphRunner,
@@ -59,7 +60,6 @@ from sluice.runtime.engine.step_inputs import (
 )
 from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.ipc.messages import SchedulerReady
-from sluice.runtime.lora.manager import create_lora_manager
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
 from sluice.runtime.memory.staging import Staged
 from sluice.runtime.model import batch_invariant_ops, cpu_fused_ops
