@@ -42,6 +42,7 @@ from sluice.runtime.ipc.messages import SamplingParams, TokenizedGenerateReq  # 
 from sluice.runtime.lora.adapter import module_shapes  # noqa: E402
 from sluice.runtime.model.config import ModelConfig  # noqa: E402
 from sluice.runtime.model.loader import default_cache_dir, resolve_model_path  # noqa: E402
+from sluice.runtime.model.registry import read_model_config  # noqa: E402
 from sluice.runtime.scheduler.process import build_scheduler  # noqa: E402
 from sluice.runtime.server_args import ServerArgs  # noqa: E402
 
@@ -151,7 +152,7 @@ def main() -> int:
     p.add_argument("--output-file", default="")
     ns = p.parse_args()
     path = resolve_model_path(ns.model, default_cache_dir())
-    config = ModelConfig.from_pretrained(path)
+    config = read_model_config(path)
     rng = random.Random(0)
     prompts = [[rng.randrange(100, config.vocab_size - 100) for _ in range(ns.input_len)]
                for _ in range(ns.num_prompts)]  # fmt: skip

@@ -9,12 +9,13 @@ from tiny_model import make_tiny_llama
 from sluice.runtime.cli import build_parser, main
 from sluice.runtime.distributed.topology import node_ranks, parse_host_port
 from sluice.runtime.model.config import ModelConfig
+from sluice.runtime.model.registry import model_config
 from sluice.runtime.model.sharding import LlamaShard, tensor_parallel_problem
 from sluice.runtime.server_args import ServerArgs
 
 
 def config(heads: int = 8, kv: int = 2, intermediate: int = 128, vocab: int = 512) -> ModelConfig:
-    return ModelConfig.from_dict({
+    return model_config({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16 * heads,
         "num_hidden_layers": 2, "num_attention_heads": heads, "num_key_value_heads": kv,
         "intermediate_size": intermediate, "vocab_size": vocab,

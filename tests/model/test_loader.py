@@ -126,7 +126,7 @@ def test_a_checkpoint_missing_a_weight_is_rejected(model_pairs: dict[str, ModelP
     with pytest.raises(
         ValueError, match=r"lacks 1 weights: model\.layers\.1\.mlp\.up_proj\.weight"
     ):
-        type(model)(model.config, model.attn_backend).load_weights(weights)
+        type(model)(model.config, model.attn_backend, architecture=model.architecture).load_weights(weights)
 
 
 def test_a_checkpoint_with_an_unknown_weight_is_rejected(model_pairs: dict[str, ModelPair]) -> None:
@@ -134,7 +134,7 @@ def test_a_checkpoint_with_an_unknown_weight_is_rejected(model_pairs: dict[str, 
     weights = dict(loader.iter_safetensors(model_pairs["llama"].folder, "cpu"))
     weights["model.layers.0.self_attn.q_norm.weight"] = torch.ones(16)
     with pytest.raises(ValueError, match="unexpected weight 'model.layers.0.self_attn.q_norm"):
-        type(model)(model.config, model.attn_backend).load_weights(weights)
+        type(model)(model.config, model.attn_backend, architecture=model.architecture).load_weights(weights)
 
 
 @pytest.mark.parametrize("variant", ["qwen3_moe", "mixtral"])

@@ -9,13 +9,13 @@ import pytest
 from tiny_model import make_tiny_llama
 
 from sluice.runtime.cli import main
+from sluice.runtime.model.architecture import WeightRule
 from sluice.runtime.model.causal_lm import CausalLM
-from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.llama import LlamaForCausalLM
 from sluice.runtime.model.registry import (
-    WeightRule,
     architecture_for,
     find_architecture,
+    model_config,
     supported_architectures,
 )
 from sluice.runtime.model.sharding import ModelShard
@@ -44,9 +44,9 @@ def test_the_llama_family_is_one_registered_architecture() -> None:
 def test_model_type_is_the_fallback_when_architectures_is_empty() -> None:
     raw = {"architectures": [], "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 1,
            "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512}  # fmt: skip
-    config = ModelConfig.from_dict(raw)
+    config = model_config(raw)
     assert find_architecture(config) is architecture_for(
-        ModelConfig.from_dict({**raw, "architectures": ["Qwen2ForCausalLM"]})
+        model_config({**raw, "architectures": ["Qwen2ForCausalLM"]})
     )
 
 
@@ -94,7 +94,7 @@ def test_a_rule_lists_the_names_it_expects_and_matches_only_them() -> None:
 
 
 def test_the_rules_drive_each_ranks_reads() -> None:
-    config = ModelConfig.from_dict({
+    config = model_config({
         "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 1,
         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
         "vocab_size": 512,

@@ -37,9 +37,8 @@ from sluice.runtime.entrypoints.tokenizer_manager import WARMUP_RID, TokenizerMa
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerReady
 from sluice.runtime.ipc.sockets import PortArgs
 from sluice.runtime.metrics import MetricsCollector
-from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
-from sluice.runtime.model.registry import architecture_for
+from sluice.runtime.model.registry import architecture_for, read_model_config
 from sluice.runtime.model.sharding import tensor_parallel_problem
 from sluice.runtime.scheduler.process import run_scheduler_process
 from sluice.runtime.server_args import ServerArgs
@@ -185,7 +184,7 @@ def startup_problem(args: ServerArgs, model_path: Path) -> str | None:
 
         visible_gpus = torch.cuda.device_count()
     try:  # an architecture, or an option of one, that Sluice does not implement
-        config = ModelConfig.from_pretrained(model_path)
+        config = read_model_config(model_path)
         architecture_for(config)
     except ValueError as err:
         return str(err)

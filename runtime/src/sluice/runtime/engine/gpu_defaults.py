@@ -116,9 +116,9 @@ def resolve_for_model(args: Any, model_path: Path) -> Any:
 
     from sluice.runtime.engine.cpu_features import choose_dtype, choose_kv_dtype
     from sluice.runtime.memory.kv_buffers import bytes_per_token
-    from sluice.runtime.model.config import ModelConfig
+    from sluice.runtime.model.registry import read_model_config
 
-    config = ModelConfig.from_pretrained(model_path)
+    config = read_model_config(model_path)
     dtype = choose_dtype(args.dtype, args.resolved_device).dtype
     kv_dtype = choose_kv_dtype(args.kv_cache_dtype, dtype)
     per_token = bytes_per_token(config.num_hidden_layers, config.num_key_value_heads,

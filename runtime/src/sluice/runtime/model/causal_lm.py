@@ -21,10 +21,10 @@ from torch import nn
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.forward import ForwardBatch
+from sluice.runtime.model.architecture import Architecture, WeightRule
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.layers import Linear, RMSNorm
 from sluice.runtime.model.parallel_layers import embed, gather_logits
-from sluice.runtime.model.registry import Architecture, WeightRule, architecture_for
 from sluice.runtime.model.rotary import RotaryEmbedding
 from sluice.runtime.model.sharding import ModelShard
 
@@ -45,10 +45,11 @@ class CausalLM(nn.Module):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         tp: TensorParallelGroup = SINGLE_RANK,
-        architecture: Architecture | None = None,
+        *,
+        architecture: Architecture,
     ) -> None:
         super().__init__()
-        self.architecture = architecture or architecture_for(config)
+        self.architecture = architecture
         self.tp = tp
         self.shard = ModelShard(config, tp.rank, tp.size, self.architecture.weight_rules)
         self.config = config

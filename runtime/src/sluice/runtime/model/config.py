@@ -20,10 +20,8 @@ options it does not implement; a config of an unknown architecture keeps the com
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -123,24 +121,9 @@ class ModelConfig:
         return None
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> ModelConfig:
-        """Read `config.json` (and `generation_config.json` if present) from a model folder."""
-        folder = Path(path)
-        config_file = folder / "config.json"
-        if not config_file.is_file():
-            raise FileNotFoundError(
-                f"{folder} has no config.json; it is not a Hugging Face model folder"
-            )
-        raw = json.loads(config_file.read_text())
-        generation_file = folder / "generation_config.json"
-        generation = json.loads(generation_file.read_text()) if generation_file.is_file() else None
-        return cls.from_dict(raw, generation)
-
-    @classmethod
-    def from_dict(
-        cls, raw: dict[str, Any], generation: dict[str, Any] | None = None
-    ) -> ModelConfig:
-        """Build from the parsed `config.json` (and `generation_config.json`) dicts."""
+    def common(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
+        """The fields every family shares, from the parsed `config.json` (and
+        `generation_config.json`) dicts; `model.registry.model_config` adds the family's own."""
         raw = _text_config(raw)
         model_type = raw.get("model_type", "")
         hidden_act = str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu")
@@ -187,12 +170,11 @@ class ModelConfig:
             rope_local_theta=rope_local_theta,
             raw=raw,
         )
-        from sluice.runtime.model.registry import find_architecture  # it imports this module
+        return common
 
-        architecture = find_architecture(common)
-        if architecture is None:
-            return common
-        return dataclasses.replace(common, **architecture.read_options(raw, common))
+    def with_options(self, options: dict[str, Any]) -> ModelConfig:
+        """This config with a family's options (`Architecture.read_options`) set."""
+        return dataclasses.replace(self, **options)
 
 
 def _text_config(raw: dict[str, Any]) -> dict[str, Any]:

@@ -34,12 +34,12 @@ from torch import nn
 from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.forward import ForwardBatch
+from sluice.runtime.model.architecture import Architecture, WeightRule
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig, RopeScaling
 from sluice.runtime.model.layers import Linear
 from sluice.runtime.model.llama import attention_rules, common_rules, dense_mlp_rules
 from sluice.runtime.model.parallel_layers import embed
-from sluice.runtime.model.registry import Architecture, WeightRule
 from sluice.runtime.model.rotary import RotaryEmbedding
 
 _NORMS = (
@@ -172,9 +172,10 @@ class GemmaForCausalLM(CausalLM):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         tp: TensorParallelGroup = SINGLE_RANK,
-        architecture: Architecture | None = None,
+        *,
+        architecture: Architecture,
     ) -> None:
-        super().__init__(config, attn_backend, device, dtype, tp, architecture)
+        super().__init__(config, attn_backend, device, dtype, tp, architecture=architecture)
         # HF keeps the multiplier as a tensor cast to the weights' dtype
         self.embed_scale = float(torch.tensor(config.hidden_size**0.5, dtype=dtype))
         local_theta = config.rope_local_theta or config.rope_theta

@@ -26,11 +26,11 @@ from torch import nn
 from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.forward import ForwardBatch
+from sluice.runtime.model.architecture import Architecture, WeightRule
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.layers import Linear
 from sluice.runtime.model.llama import attention_rules, common_rules
-from sluice.runtime.model.registry import Architecture, WeightRule
 from sluice.runtime.model.rotary import RotaryEmbedding
 
 _MXFP4 = re.compile(r"^(.+)_(blocks|scales)$")
@@ -173,12 +173,13 @@ class GptOssForCausalLM(CausalLM):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         tp: TensorParallelGroup = SINGLE_RANK,
-        architecture: Architecture | None = None,
+        *,
+        architecture: Architecture,
     ) -> None:
         if tp.size > 1:
             raise ValueError("gpt-oss with tensor parallelism is not supported (expert sharding "
                              "is not built); use --tensor-parallel-size 1")  # fmt: skip
-        super().__init__(config, attn_backend, device, dtype, tp, architecture)
+        super().__init__(config, attn_backend, device, dtype, tp, architecture=architecture)
         self.dtype = dtype
         self.norm = GptOssRMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
 

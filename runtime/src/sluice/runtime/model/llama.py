@@ -17,11 +17,11 @@ from torch import nn
 from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.forward import ForwardBatch
+from sluice.runtime.model.architecture import Architecture, WeightRule
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.layers import Linear, RMSNorm, SwiGLUMLP
 from sluice.runtime.model.moe import MoE
-from sluice.runtime.model.registry import Architecture, WeightRule, architecture_for
 from sluice.runtime.model.rotary import RotaryEmbedding
 
 
@@ -192,7 +192,3 @@ def qk_norm_rules(prefix: str = "model.layers.{layer}.self_attn") -> tuple[Weigh
         for n in ("q_norm", "k_norm")
     )
 
-
-def model_class_for(config: ModelConfig) -> type[CausalLM]:
-    """The model class for `config` (ValueError naming the supported architectures if none)."""
-    return architecture_for(config).build_model_class()  # type: ignore[return-value]

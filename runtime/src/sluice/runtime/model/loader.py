@@ -33,7 +33,7 @@ from sluice.runtime.attention.registry import create_attention_backend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
-from sluice.runtime.model.registry import architecture_for
+from sluice.runtime.model.registry import architecture_for, read_model_config
 from sluice.runtime.model.sharding import WHOLE, TensorRead
 
 logger = logging.getLogger(__name__)
@@ -273,9 +273,9 @@ def load_model(
     """Build the model for the folder's architecture and load its safetensors weights (with
     tensor parallelism, this rank's shard: it reads only its slices)."""
     path = Path(path)
-    config = ModelConfig.from_pretrained(path)
+    config = read_model_config(path)
     architecture = architecture_for(config)
-    model_class = architecture.build_model_class()
+    model_class = architecture.model_class or CausalLM
     backend = (
         attention_backend
         if isinstance(attention_backend, AttentionBackend)

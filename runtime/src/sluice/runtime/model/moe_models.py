@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sluice.runtime.model.architecture import Architecture, WeightRule
 from sluice.runtime.model.config import ModelConfig, MoEOptions
 from sluice.runtime.model.llama import (
     LlamaDecoderLayer,
@@ -26,7 +27,6 @@ from sluice.runtime.model.llama import (
     qk_norm_rules,
     silu_only,
 )
-from sluice.runtime.model.registry import Architecture, WeightRule
 
 
 def expert_rules(prefix: str, gate: str, up: str, down: str) -> tuple[WeightRule, ...]:

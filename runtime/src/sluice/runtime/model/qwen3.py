@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sluice.runtime.model.architecture import Architecture
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.llama import LLAMA_RULES, LlamaDecoderLayer, qk_norm_rules, silu_only
-from sluice.runtime.model.registry import Architecture
 
 
 def qwen3_options(raw: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:

@@ -14,7 +14,7 @@
   `r * num_kv_heads // tp`, the one its query heads attend to.
 
 Which split and which piece each checkpoint tensor is comes from its architecture's weight
-rules (`model.registry.WeightRule`: `split` one of `SPLITS`, `piece` one of `PIECES`);
+rules (`model.architecture.WeightRule`: `split` one of `SPLITS`, `piece` one of `PIECES`);
 `ModelShard.read` turns them into what to read of each tensor, so a rank reads only its
 slices (safetensors' `get_slice`) instead of loading whole tensors and cutting them.
 `tensor_parallel_problem` says at start-up why a model cannot be split N ways.
@@ -28,12 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sluice.runtime.model.architecture import PIECES, SPLITS
 from sluice.runtime.model.config import ModelConfig
 
-SPLITS = ("replicated", "vocab", "column", "row")
-# the dimension a column/row split cuts: attention heads, KV heads, the dense MLP's
-# intermediate features or each expert's
-PIECES = ("", "q", "k", "v", "o", "gate", "up", "down", "expert_gate", "expert_up", "expert_down")
 _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
 
