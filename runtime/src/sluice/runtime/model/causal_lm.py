@@ -6,7 +6,7 @@ Hugging Face tensor names onto the (fused) parameters. q/k/v and gate/up are fus
 matmul each; the rules say which rows of the fused parameter each checkpoint tensor fills.
 
 With tensor parallelism every layer is built with its rank's shard shapes
-(`distributed.sharding`); the decoder layers all-reduce their attention and MLP outputs (the
+(`model.sharding`); the decoder layers all-reduce their attention and MLP outputs (the
 row-parallel o and down projections), the embedding and the LM head are vocab-parallel.
 """
 

@@ -1,6 +1,9 @@
-"""The scheduler's side of LoRA: load and unload adapters on the worker (every
-tensor-parallel rank replays the same messages), refuse requests for an adapter the worker
-does not hold, and report adapters per request state.
+"""The scheduler's side of LoRA, one owned `AdapterGate`: load and unload adapters on the
+worker (every tensor-parallel rank replays the same messages), refuse requests for an
+adapter the worker does not hold, and report adapters per request state.
+
+The gate is handed the worker's `LoraManager` (or None with LoRA off) by the composition root
+(`scheduler.process.build_scheduler`); it reads nothing of the scheduler.
 
 The batch limit itself (at most `--max-loras` distinct adapters in a batch) is admission's
 (`prefill.py`): every running request decodes in every batch, so a waiting request whose
@@ -13,84 +16,73 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from sluice.runtime.ipc.messages import LoadLoraReq, LoraOpResult, UnloadLoraReq
-
-if TYPE_CHECKING:
-    from sluice.runtime.scheduler.scheduler import Scheduler
+from sluice.runtime.scheduler.request import Req
 
 logger = logging.getLogger("sluice.scheduler")
 
-
-def worker_lora(scheduler: Scheduler) -> Any:
-    """The worker's `LoraManager`, or None (LoRA off, or an executor without a worker)."""
-    worker = getattr(scheduler.executor, "worker", None)
-    return getattr(worker, "lora", None)
+LORA_OFF = "LoRA is off: start the server with --enable-lora"
 
 
-def lora_op(scheduler: Scheduler, msg: LoadLoraReq | UnloadLoraReq) -> LoraOpResult:
-    manager = worker_lora(scheduler)
-    if manager is None:
-        return LoraOpResult(
-            msg.op_id, False, 400, "LoRA is off: start the server with --enable-lora"
-        )
-    if isinstance(msg, LoadLoraReq):
-        try:
-            seconds = manager.register(msg.lora_id, msg.name, msg.path)
-        except ValueError as exc:
-            logger.info("lora adapter refused name=%s path=%s reason=%s", msg.name, msg.path, exc)
+@dataclass
+class AdapterGate:
+    manager: Any = None  # the worker's LoraManager; None: LoRA is off
+
+    def op(self, msg: LoadLoraReq | UnloadLoraReq, live: Iterable[Req]) -> LoraOpResult:
+        """Load or unload an adapter; an unload waits (409) while `live` requests use it."""
+        if self.manager is None:
+            return LoraOpResult(msg.op_id, False, 400, LORA_OFF)
+        if isinstance(msg, LoadLoraReq):
+            try:
+                seconds = self.manager.register(msg.lora_id, msg.name, msg.path)
+            except ValueError as exc:
+                logger.info("lora adapter refused name=%s path=%s reason=%s", msg.name, msg.path, exc)
+                return LoraOpResult(
+                    msg.op_id, False, 400, f"cannot load LoRA adapter {msg.name!r}: {exc}"
+                )
+            except Exception as exc:  # an unexpected fault: the adapter is not served
+                logger.exception("lora adapter load failed name=%s", msg.name)
+                return LoraOpResult(
+                    msg.op_id, False, 500, f"loading LoRA adapter {msg.name!r} failed: {exc!r}"
+                )
+            return LoraOpResult(msg.op_id, True, 200, "", seconds)
+        using = [r.rid for r in live if r.sampling.lora_id == msg.lora_id]
+        if using:
             return LoraOpResult(
-                msg.op_id, False, 400, f"cannot load LoRA adapter {msg.name!r}: {exc}"
-            )
-        except Exception as exc:  # an unexpected fault: the adapter is not served
-            logger.exception("lora adapter load failed name=%s", msg.name)
-            return LoraOpResult(
-                msg.op_id, False, 500, f"loading LoRA adapter {msg.name!r} failed: {exc!r}"
-            )
-        return LoraOpResult(msg.op_id, True, 200, "", seconds)
-    using = [r.rid for r in scheduler.live_requests() if r.sampling.lora_id == msg.lora_id]
-    if using:
-        return LoraOpResult(
-            msg.op_id,
-            False,
-            409,
-            f"{len(using)} requests are using the adapter; retry when they end",
-        )
-    manager.unregister(msg.lora_id)
-    return LoraOpResult(msg.op_id, True, 200)
+                msg.op_id, False, 409,
+                f"{len(using)} requests are using the adapter; retry when they end",
+            )  # fmt: skip
+        self.manager.unregister(msg.lora_id)
+        return LoraOpResult(msg.op_id, True, 200)
 
-
-def unknown_adapter(scheduler: Scheduler, lora_id: int) -> str:
-    """Why a request for `lora_id` cannot be served here ("" when it can)."""
-    if lora_id == 0:
+    def unknown(self, lora_id: int) -> str:
+        """Why a request for `lora_id` cannot be served here ("" when it can)."""
+        if lora_id == 0:
+            return ""
+        if self.manager is None:
+            return LORA_OFF
+        if lora_id not in self.manager.registered:
+            return f"LoRA adapter id {lora_id} is not loaded (unloaded meanwhile?)"
         return ""
-    manager = worker_lora(scheduler)
-    if manager is None:
-        return "LoRA is off: start the server with --enable-lora"
-    if lora_id not in manager.registered:
-        return f"LoRA adapter id {lora_id} is not loaded (unloaded meanwhile?)"
-    return ""
 
+    def stats(self, running: Iterable[Req], waiting: Iterable[Req]) -> dict[str, Any]:
+        """`SchedulerStats`' LoRA fields: --max-loras, adapters loaded, running and waiting
+        requests per adapter name."""
+        if self.manager is None:
+            return {}
+        names = self.manager.names
 
-def lora_stats(scheduler: Scheduler) -> dict[str, Any]:
-    """`SchedulerStats`' LoRA fields: --max-loras, adapters loaded, running and waiting
-    requests per adapter name."""
-    manager = worker_lora(scheduler)
-    if manager is None:
-        return {}
-    names = manager.names
-    running = list(scheduler.decode.running.values())
-    if scheduler.prefill.chunked is not None:
-        running.append(scheduler.prefill.chunked)
+        def count(reqs: Iterable[Req]) -> dict[str, int]:
+            ids = Counter(r.sampling.lora_id for r in reqs if r.sampling.lora_id)
+            return {names.get(i, str(i)): n for i, n in ids.items()}
 
-    def count(reqs: Any) -> dict[str, int]:
-        ids = Counter(r.sampling.lora_id for r in reqs if r.sampling.lora_id)
-        return {names.get(i, str(i)): n for i, n in ids.items()}
-
-    return {
-        "lora_max": manager.config.max_loras,
-        "lora_loaded": len(names),
-        "lora_running": count(running),
-        "lora_waiting": count(scheduler.prefill.waiting),
-    }
+        return {
+            "lora_max": self.manager.config.max_loras,
+            "lora_loaded": len(names),
+            "lora_running": count(running),
+            "lora_waiting": count(waiting),
+        }

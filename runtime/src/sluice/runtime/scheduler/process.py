@@ -40,6 +40,7 @@ from sluice.runtime.memory.request_slots import RequestSlots
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.faults import answer_everyone
 from sluice.runtime.scheduler.hold_gate import HoldGate
+from sluice.runtime.scheduler.lora import AdapterGate
 from sluice.runtime.scheduler.policy import PolicyConfig
 from sluice.runtime.scheduler.ranks import Tick, TickBroadcaster, follow_leader, grammar_queue
 from sluice.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -69,6 +70,7 @@ def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
         worker.eos_token_ids,
         decode_text=worker.decode_text,
         grammars=grammars,
+        adapters=AdapterGate(worker.lora),
     )
 
 

@@ -65,7 +65,7 @@ from sluice.runtime.scheduler.faults import (
     roll_back_uncomputed,
 )
 from sluice.runtime.scheduler.grammar import GrammarQueue, PendingMask, accept, pending_mask
-from sluice.runtime.scheduler.lora import lora_op, lora_stats, unknown_adapter
+from sluice.runtime.scheduler.lora import AdapterGate
 from sluice.runtime.scheduler.overlap import InFlight, Launched
 from sluice.runtime.scheduler.policy import PolicyConfig
 from sluice.runtime.scheduler.prefill import PrefillBatch, PrefillBudget, PrefillManager
@@ -103,8 +103,10 @@ class Scheduler:
         eos_token_ids: list[int],
         decode_text: Callable[[list[int], bool], str] | None = None,
         grammars: GrammarQueue | None = None,
+        adapters: AdapterGate | None = None,
     ) -> None:
         self.config = config
+        self.adapters = adapters or AdapterGate()
         self.cache = cache
         self.executor = executor
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -146,6 +148,13 @@ class Scheduler:
         """Requests holding (or about to hold) KV pages and rows."""
         return list(self._requests.values()) + self.inflight.deferred
 
+    def _running_requests(self) -> list[Req]:
+        """Requests in the decode set, and the one whose prompt is mid-chunk."""
+        running = list(self.decode.running.values())
+        if self.prefill.chunked is not None:
+            running.append(self.prefill.chunked)
+        return running
+
     def handle(self, msg: object) -> None:
         if isinstance(msg, TokenizedGenerateReq):
             known = self._requests.get(msg.rid)
@@ -158,7 +167,7 @@ class Scheduler:
         elif isinstance(msg, AbortReq):
             self.abort(msg.rid)
         elif isinstance(msg, (LoadLoraReq, UnloadLoraReq)):
-            self._replies.append(lora_op(self, msg))
+            self._replies.append(self.adapters.op(msg, self.live_requests()))
         elif isinstance(msg, StopReq):
             if (req := self._requests.get(msg.rid)) is not None:
                 self._finish(req, FinishReason("stop", matched_str=msg.matched_str))
@@ -189,7 +198,7 @@ class Scheduler:
         elif (bad := out_of_vocab(req.input_ids + sp.stop_token_ids, vocab)) is not None:
             problem = f"token id {bad} is outside the model's vocabulary [0, {vocab})"
         elif sp.lora_id:
-            problem = unknown_adapter(self, sp.lora_id)
+            problem = self.adapters.unknown(sp.lora_id)
         if problem:
             req.finish(FinishReason("abort", message=problem))
             logger.info("request rejected rid=%s reason=%s", req.rid, problem)
@@ -512,7 +521,7 @@ class Scheduler:
             prefill_rows_total=c.prefill_rows,
             failed_batches_total=c.failed_batches,
             integrity_checks_total=c.integrity_checks,
-            **lora_stats(self),
+            **self.adapters.stats(self._running_requests(), self.prefill.waiting),
         )
 
     def take_replies(self) -> list[LoraOpResult]:
