@@ -75,3 +75,143 @@ def test_pip_runs_as_a_module_from_the_root(bare_python: Path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("pip ")
+
+
+# ---- the runtime's floors -------------------------------------------------------------------
+# A module imports only modules of lower floors (or of its own package); imports inside
+# functions and under TYPE_CHECKING count too. Every package and top-level module of
+# sluice.runtime is here: a new one must be given its floor.
+RUNTIME = REPO / "runtime" / "src" / "sluice" / "runtime"
+FLOORS = {
+    "__init__": 0,
+    # 1: leaves
+    "constants": 1, "features": 1, "threads": 1, "dataclass_cli": 1, "disconnect": 1,
+    "stop_match": 1, "memory": 1, "ipc": 1, "distributed": 1, "kernels": 1,
+    # 2: the types every layer reads, and the processes that need no model
+    "forward": 2, "constrained": 2, "detokenizer": 2, "metrics": 2, "workload": 2, "router": 2,
+    "attention": 3,
+    "model": 4,
+    "lora": 5,
+    "engine": 6,
+    "server_args": 7,
+    "scheduler": 8, "entrypoints": 8,
+    "supervisor": 8,  # the child processes' lifecycle, for launch
+    "launch": 9, "sim": 9,
+    "cli": 10,
+    "__main__": 11,
+}  # fmt: skip
+# imports that still run up a floor, each to be removed (the list may only shrink; an entry
+# that no longer exists fails the test too): the engine still reads the server's flags
+# (an EngineConfig built at the composition root is the way out, issue #35)
+ALLOWED_UPWARD = {
+    ("sluice.runtime.engine.model_worker", "sluice.runtime.server_args"),
+    ("sluice.runtime.engine.adapters", "sluice.runtime.server_args"),
+}
+# modules past 500 lines say why at their top (the first lines of their docstring)
+MAX_LINES = 500
+
+
+def _runtime_modules() -> dict[str, Path]:
+    modules = {}
+    for path in RUNTIME.rglob("*.py"):
+        parts = list(path.relative_to(RUNTIME.parent.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the runtime modules it imports (anywhere in its text)."""
+    import ast
+
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                targets = [module, *(f"{module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            found |= {t for t in targets if t in modules and t != name}
+        edges[name] = found
+    return edges
+
+
+def _floor_name(module: str) -> str:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else "__init__"
+
+
+def _upward_imports() -> set[tuple[str, str]]:
+    modules = _runtime_modules()
+    bad = set()
+    for source, targets in _imports(modules).items():
+        for target in targets:
+            a, b = _floor_name(source), _floor_name(target)
+            if a != b and FLOORS[b] >= FLOORS[a]:
+                bad.add((source, target))
+    return bad
+
+
+def test_every_runtime_package_has_a_floor():
+    names = {_floor_name(m) for m in _runtime_modules()}
+    assert names - set(FLOORS) == set(), "give the new package a floor in FLOORS"
+
+
+def test_no_import_runs_up_a_floor():
+    bad = _upward_imports()
+    assert bad - ALLOWED_UPWARD == set()
+    assert ALLOWED_UPWARD - bad == set(), "gone: remove it from ALLOWED_UPWARD"
+
+
+def test_no_circle_of_files():
+    edges = _imports(_runtime_modules())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    assert circles == []
+
+
+def test_a_module_past_500_lines_says_why_at_its_top():
+    unexplained = []
+    for name, path in _runtime_modules().items():
+        lines = path.read_text().splitlines()
+        if len(lines) > MAX_LINES and not any("past 500 lines" in line.lower() for line in lines[:15]):
+            unexplained.append(f"{name}: {len(lines)} lines")
+    assert unexplained == []

@@ -1,5 +1,8 @@
 """The HTTP API: OpenAI's /v1 routes, the native /generate, /health and /server_info.
 
+Past 500 lines: every route's handler still lives here; one module per route over a shared
+serving base (SGLang's serving_chat / serving_completions shape) is issue #35's next step.
+
 `build_app(tm, args)` returns the FastAPI app. Handlers are thin: parse and validate the
 body (`openai_protocol`), tokenize, start one `tm.generate` per choice (prompts x n), then either collect
 the chunks into one response or stream them as server-sent events (`data: {...}` lines,

@@ -1,5 +1,8 @@
 """The scheduler: one tick = take requests in, choose a batch, run it, process the result.
 
+Past 500 lines: intake, faults and preemption are still methods here; carving them into
+their own managers (issue #35) leaves the loops and the batch choice on one screen.
+
 It composes managers that never call back into it:
 
 - `PrefillManager` (prefill.py): the waiting queue, the request being chunked, admission
