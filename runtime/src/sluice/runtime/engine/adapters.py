@@ -7,13 +7,13 @@ import torch
 from torch import nn
 
 from sluice.runtime import constants as C
+from sluice.runtime.engine.config import EngineConfig
 from sluice.runtime.lora.manager import LoraConfig, LoraManager, base_model_names
 from sluice.runtime.lora.spec import parse_lora_modules
-from sluice.runtime.server_args import ServerArgs
 
 
 def create_lora_manager(
-    args: ServerArgs,
+    args: EngineConfig,
     model: nn.Module,
     device: torch.device | str,
     dtype: torch.dtype,

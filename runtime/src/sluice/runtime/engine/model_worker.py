@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,6 +36,7 @@ from sluice.runtime.attention.cpu_backend import CpuAttentionBackend
 from sluice.runtime.attention.registry import create_model_backend, resolve_backend_name
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.engine.adapters import create_lora_manager
+from sluice.runtime.engine.config import EngineConfig
 from sluice.runtime.engine.cpu_features import choose_dtype, choose_kv_dtype
 from sluice.runtime.engine.cuda_graph import (
     CudaGraphRunner,
@@ -65,7 +67,6 @@ from sluice.runtime.memory.staging import Staged
 from sluice.runtime.model import batch_invariant_ops, cpu_fused_ops
 from sluice.runtime.model.loader import load_model, load_tokenizer
 from sluice.runtime.model.quantization import quantize_model
-from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.threads import model_worker_threads
 
 logger = logging.getLogger("sluice.model_worker")
@@ -76,7 +77,7 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return choose_dtype(name, device).dtype
 
 
-def size_kv_pool(args: ServerArgs, device: str, per_token_bytes: int, ranks_on_host: int = 1) -> int:
+def size_kv_pool(args: EngineConfig, device: str, per_token_bytes: int, ranks_on_host: int = 1) -> int:
     """KV pool size in tokens: the flag, else the CPU budget (shared by the tensor-parallel
     ranks on the host), else the GPU memory fraction (of this rank's GPU)."""
     if args.max_total_tokens > 0:
@@ -121,7 +122,7 @@ def row_invariant_kernels(device: str, dtype: torch.dtype) -> bool:
     return device == "cpu" and dtype == torch.bfloat16
 
 
-def _attention_backend(args: ServerArgs, device: str, dtype: torch.dtype) -> AttentionBackend:
+def _attention_backend(args: EngineConfig, device: str, dtype: torch.dtype) -> AttentionBackend:
     if args.enable_deterministic_inference:
         if row_invariant_kernels(device, dtype):
             try:
@@ -139,10 +140,13 @@ class ModelWorker:
     faults: FaultPlan | None = None  # tests only: SLUICE_TEST_FAULTS (engine/fault_injection.py)
 
     def __init__(
-        self, args: ServerArgs, model_path: str | Path, tp: TensorParallelGroup = SINGLE_RANK
+        self, flags: Any, model_path: str | Path, tp: TensorParallelGroup = SINGLE_RANK
     ) -> None:
-        args = resolve_for_model(args, Path(model_path))  # GPU: the auto sizes (gpu_defaults)
-        self.args = args
+        """`flags`: the server's parsed flags (or an `EngineConfig`); the worker keeps
+        `EngineConfig.of` them, after resolving the GPU's auto sizes."""
+        flags = resolve_for_model(flags, Path(model_path))  # GPU: the auto sizes (gpu_defaults)
+        self.args = flags  # for the composition root (the scheduler's own flags); not read here
+        self.config = args = EngineConfig.of(flags)
         self.tp = tp
         self.device = args.resolved_device
         choice = choose_dtype(args.dtype, self.device)
@@ -221,7 +225,7 @@ class ModelWorker:
     def _capture_cuda_graphs(self, backend: AttentionBackend) -> CudaGraphRunner | None:
         """Decode CUDA graphs, captured once the pool is sized (so before the scheduler
         reports ready and /health turns 200)."""
-        args = self.args
+        args = self.config
         off = cuda_graph_disabled_reason(
             self.device, backend, args.disable_cuda_graph, args.enable_deterministic_inference
         )
@@ -241,9 +245,9 @@ class ModelWorker:
     def attention_backend_name(self) -> str:
         if self.padded_rows:
             return "batch-invariant"
-        if self.args.enable_deterministic_inference:
+        if self.config.enable_deterministic_inference:
             return "cpu"
-        return resolve_backend_name(self.args.attention_backend, self.device)
+        return resolve_backend_name(self.config.attention_backend, self.device)
 
     @property
     def context_len(self) -> int:
@@ -255,7 +259,7 @@ class ModelWorker:
     def ready_message(self) -> SchedulerReady:
         return SchedulerReady(
             max_total_tokens=self.pool.total_tokens,
-            max_running_requests=self.args.max_running_requests,
+            max_running_requests=self.config.max_running_requests,
             context_len=self.pool.context_len,
             page_size=self.pool.page_size,
             vocab_size=self.model_config.vocab_size,
@@ -267,7 +271,7 @@ class ModelWorker:
             features=sorted(FEATURES.ALL),
             dtype_reason=self.dtype_reason,
             kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
-            quantization=self.args.quantization,
+            quantization=self.config.quantization,
             torch_threads=torch.get_num_threads(),
             tensor_parallel_size=self.tp.size,
         )
