@@ -82,3 +82,11 @@ def test_seeded_sampling_is_reproducible_across_batches(deterministic):
         if i != 3:
             crowd.submit(f"p{i}", PROMPTS[i], max_new_tokens=NEW, ignore_eos=True)
     assert run_all(crowd, [3], **params)[3] == first
+
+
+def test_bf16_refuses_to_start_without_the_compiled_kernels(make_harness, monkeypatch):
+    from sluice.runtime.kernels import cpu_extension
+
+    monkeypatch.setattr(cpu_extension, "load", lambda: "no C++ compiler on PATH")
+    with pytest.raises(RuntimeError, match="needs the compiled CPU kernels .no C.. compiler"):
+        make_harness(enable_deterministic_inference=True, dtype="bfloat16")

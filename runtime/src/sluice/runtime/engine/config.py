@@ -14,30 +14,32 @@ from typing import Any
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = ""
-    served_model_name: str = ""
-    resolved_device: str = "cpu"
-    dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    quantization: str = "none"
-    attention_backend: str = "auto"
-    page_size: int = 1
-    max_total_tokens: int = 0
-    cpu_kv_cache_gib: float = 1.0
-    mem_fraction_static: float = 0.85
-    max_running_requests: int = 64
-    chunked_prefill_size: int = 2048
-    max_context_len: int = 0
-    torch_threads: int = 0
-    random_seed: int = -1
-    enable_deterministic_inference: bool = False
-    disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 160
-    enable_lora: bool = False
-    lora_modules: tuple[str, ...] = ()
-    max_loras: int = 1
-    max_lora_rank: int = 16
-    cpu_loras: int = 8
+    """No defaults: every field comes from the flags (`of`), whose defaults are the only ones."""
+
+    model: str
+    served_model_name: str
+    resolved_device: str
+    dtype: str
+    kv_cache_dtype: str
+    quantization: str
+    attention_backend: str
+    page_size: int
+    max_total_tokens: int
+    cpu_kv_cache_gib: float
+    mem_fraction_static: float
+    max_running_requests: int
+    chunked_prefill_size: int
+    max_context_len: int
+    torch_threads: int
+    random_seed: int
+    enable_deterministic_inference: bool
+    disable_cuda_graph: bool
+    cuda_graph_max_bs: int
+    enable_lora: bool
+    lora_modules: tuple[str, ...]
+    max_loras: int
+    max_lora_rank: int
+    cpu_loras: int
 
     @classmethod
     def of(cls, flags: Any) -> EngineConfig:

@@ -62,6 +62,7 @@ from sluice.runtime.engine.step_inputs import (
 )
 from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.ipc.messages import SchedulerReady
+from sluice.runtime.kernels import cpu_extension
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
 from sluice.runtime.memory.staging import Staged
 from sluice.runtime.model import batch_invariant_ops, cpu_fused_ops
@@ -123,17 +124,16 @@ def row_invariant_kernels(device: str, dtype: torch.dtype) -> bool:
 
 
 def _attention_backend(args: EngineConfig, device: str, dtype: torch.dtype) -> AttentionBackend:
-    if args.enable_deterministic_inference:
-        if row_invariant_kernels(device, dtype):
-            try:
-                return CpuAttentionBackend(use_kernels=True)
-            except RuntimeError as err:
-                raise RuntimeError(
-                    f"--enable-deterministic-inference in bf16 on the CPU needs the compiled "
-                    f"CPU kernels: {err}; or run --dtype float32"
-                ) from err
+    if not args.enable_deterministic_inference:
+        return create_model_backend(args.attention_backend, device, page_size=args.page_size)
+    if not row_invariant_kernels(device, dtype):
         return BatchInvariantAttentionBackend()
-    return create_model_backend(args.attention_backend, device, page_size=args.page_size)
+    if (reason := cpu_extension.load()) is not None:  # the linear kernel needs them too
+        raise RuntimeError(
+            f"--enable-deterministic-inference in bf16 on the CPU needs the compiled CPU "
+            f"kernels ({reason}); or run --dtype float32"
+        )
+    return CpuAttentionBackend(use_kernels=True)
 
 
 class ModelWorker:
@@ -175,11 +175,6 @@ class ModelWorker:
             logger.info("deterministic inference: %d layers on batch-invariant Triton kernels",
                         switched)  # fmt: skip
         if self.device == "cpu" and (reason := cpu_fused_ops.enable(self.model)) is not None:
-            if args.enable_deterministic_inference and not self.padded_rows:
-                raise RuntimeError(
-                    f"--enable-deterministic-inference in bf16 on the CPU needs the compiled "
-                    f"CPU ops: {reason}; or run --dtype float32"
-                )
             logger.warning("fused CPU ops unavailable (%s); running the torch ops", reason)
         self.lora = create_lora_manager(args, self.model, self.device, self.dtype, str(model_path))
         self.tokenizer = load_tokenizer(Path(model_path))
