@@ -46,41 +46,35 @@ class Linear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused and x.dtype == torch.bfloat16 == self.weight.dtype:
-            return self._kernel(x, torch.bfloat16)
-        if self.batch_invariant:
-            from sluice.runtime.kernels.triton_batch_invariant import matmul
-
-            return matmul(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return self._apply(x, x.dtype)
 
     def forward_fp32(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T + b` summed and returned in fp32 from weights of any dtype (the LM head:
         bf16 logits tie values one bf16 step apart). Never makes an fp32 copy of the weight."""
+        return self._apply(x, torch.float32)
+
+    def _apply(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         if self.fused and x.dtype == torch.bfloat16 == self.weight.dtype:
-            return self._kernel(x, torch.float32)
+            rows = x.reshape(-1, x.shape[-1])
+            out = torch.ops.sluice_cpu.linear(rows, self.weight, self.bias, out_dtype)
+            return out.view(*x.shape[:-1], out.shape[-1])
         if self.batch_invariant:
             from sluice.runtime.kernels.triton_batch_invariant import matmul
 
-            return matmul(x, self.weight, self.bias, torch.float32)
-        if self.weight.dtype == torch.float32:
+            return matmul(x, self.weight, self.bias, out_dtype)
+        if out_dtype == x.dtype:
+            return F.linear(x, self.weight, self.bias)
+        if self.weight.dtype == torch.float32:  # fp32 out of fp32 weights: upcast the rows
             return F.linear(x.float(), self.weight, self.bias)
+        # fp32 out of bf16/fp16 weights
         if x.is_cuda:  # cuBLAS: bf16/fp16 inputs, fp32 accumulation and output
-            out = torch.mm(x.reshape(-1, x.shape[-1]), self.weight.t(), out_dtype=torch.float32)
+            out = torch.mm(x.reshape(-1, x.shape[-1]), self.weight.t(), out_dtype=out_dtype)
             out = out.view(*x.shape[:-1], -1)
-            return out if self.bias is None else out + self.bias.float()
-        x32 = x.float()
-        pieces = [
-            F.linear(x32, self.weight[i : i + _FP32_SLICE_ROWS].float())
-            for i in range(0, self.weight.shape[0], _FP32_SLICE_ROWS)
-        ]
-        out = torch.cat(pieces, dim=-1)
+        else:
+            x32 = x.float()
+            out = torch.cat([F.linear(x32, self.weight[i : i + _FP32_SLICE_ROWS].float())
+                             for i in range(0, self.weight.shape[0], _FP32_SLICE_ROWS)], dim=-1)  # fmt: skip
         return out if self.bias is None else out + self.bias.float()
-
-    def _kernel(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        out = torch.ops.sluice_cpu.linear(rows, self.weight, self.bias, out_dtype)
-        return out.view(*x.shape[:-1], out.shape[-1])
 
     def load_rows(self, kind: str, tensor: torch.Tensor, start: int) -> None:
         """Copy an HF projection's `weight` or `bias` into rows `[start, start + len)`."""
