@@ -3,6 +3,9 @@ result for a token whether it is computed in a prefill, a chunk or a decode step
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 
 from sluice.runtime.attention.batch_invariant import BatchInvariantAttentionBackend
@@ -75,22 +78,11 @@ def test_a_request_gets_the_same_bits_alone_and_in_a_batch():
 
 def test_the_triton_gemms_of_cuda_keep_the_bits(monkeypatch):
     """On CUDA the two GEMMs run the fixed-tile Triton `bmm`; here under the interpreter."""
-    import os
-
-    import pytest
-
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs Triton's interpreter (tests/conftest.py turns it on)")
     from sluice.runtime.attention import batch_invariant
-    from sluice.runtime.kernels.triton_batch_invariant import bmm
 
-    def triton_matmul(a, b):
-        lead = a.shape[:-2]
-        out = bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]).transpose(-1, -2),
-                  torch.float32)  # fmt: skip
-        return out.view(*lead, a.shape[-2], b.shape[-1])
-
-    monkeypatch.setattr(batch_invariant, "_batched_matmul", triton_matmul)
+    monkeypatch.setattr(batch_invariant, "_batched_matmul", batch_invariant.triton_batched_matmul)
     kv, table, q, k, v = setup()
     bi = BatchInvariantAttentionBackend()
     whole = run(bi, kv, table, [0], [0], [80], q[:80], k[:80], v[:80])

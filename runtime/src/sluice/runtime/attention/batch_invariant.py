@@ -38,15 +38,18 @@ def _batched_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`a @ b` over leading batch dims. On CUDA the fixed-tile Triton kernel (cuBLAS picks
     its kernel by the shape, and `rows` differs from request to request); on the CPU torch's
     GEMM, whose rows are bitwise alike at multiples of ROW_MULTIPLE rows."""
-    if not a.is_cuda:
-        return torch.matmul(a.contiguous(), b.contiguous())
+    if a.is_cuda:
+        return triton_batched_matmul(a, b)
+    return torch.matmul(a.contiguous(), b.contiguous())
+
+
+def triton_batched_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a @ b` over leading batch dims on `kernels.triton_batch_invariant.bmm`, in `a`'s dtype."""
     from sluice.runtime.kernels.triton_batch_invariant import bmm
 
-    lead = a.shape[:-2]
-    flat_a = a.reshape(-1, *a.shape[-2:])
     flat_b = b.reshape(-1, *b.shape[-2:]).transpose(-1, -2)  # [B, N, K]
-    out = bmm(flat_a, flat_b, torch.float32 if a.dtype == torch.float32 else a.dtype)
-    return out.view(*lead, a.shape[-2], b.shape[-1])
+    out = bmm(a.reshape(-1, *a.shape[-2:]), flat_b)
+    return out.view(*a.shape[:-2], a.shape[-2], b.shape[-1])
 
 
 def round_up(n: int, multiple: int) -> int:

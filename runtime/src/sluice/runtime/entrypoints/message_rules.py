@@ -10,9 +10,9 @@ message's index and field (`messages.[i].field`, OpenAI's own `param` form).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]  # OpenAI's
 
 
 class _Message(Protocol):

@@ -48,7 +48,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from sluice.runtime.entrypoints import request_fields as F
-from sluice.runtime.entrypoints.message_rules import message_param, message_problem
+from sluice.runtime.entrypoints.message_rules import Role, message_param, message_problem
 from sluice.runtime.entrypoints.tools import ToolChoice, ToolDef
 
 MAX_N = 128
@@ -398,7 +398,7 @@ class ChatMessage(BaseModel):
     """A message; keys beyond these reach the chat template as they are."""
 
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # OpenAI's
+    role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
