@@ -61,7 +61,8 @@ def test_one_pass_matching_takes_the_leftmost_then_the_first_listed():
 def test_the_schedulers_window_check_honours_min_tokens(tokenizer):
     ids, ends = _ids_and_ends(tokenizer)
     matcher = StopStringMatcher(lambda t, skip: tokenizer.decode(t, skip_special_tokens=skip))
-    params = SamplingParams(max_new_tokens=64, stop=[".", "\n"], min_new_tokens=8)
+    min_tokens = 6  # the 6th token's text is inside "Two": a period ended before, none in it
+    params = SamplingParams(max_new_tokens=64, stop=[".", "\n"], min_new_tokens=min_tokens)
     req = Req("r", [1, 2], params)
     finished_at = None
     for n, token in enumerate(ids, 1):
@@ -70,8 +71,10 @@ def test_the_schedulers_window_check_honours_min_tokens(tokenizer):
         if req.finish_reason is not None:
             finished_at = n
             break
-    assert finished_at is not None and finished_at >= 8
-    # it finished on the first period ending in token 8's text or later
-    floor = ends[6]
-    assert TEXT[floor:ends[finished_at - 1]].count(".") >= 1
-    assert "." not in TEXT[floor:ends[finished_at - 2]] or ends[finished_at - 2] <= floor
+    # it finished on the token whose text completes the first period ending in the
+    # min_tokens-th token's text or later, not at min_tokens on the earlier "One."
+    period = TEXT.index(".", ends[min_tokens - 2])
+    expected = next(n for n in range(1, len(ids) + 1) if ends[n - 1] > period)
+    assert TEXT.index(".") < ends[min_tokens - 2] and expected > min_tokens  # the case bites
+    assert finished_at == expected
+    assert req.finish_reason.matched_str == "."
