@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("paged_attention.cpp", "fused_ops.cpp", "linear.cpp")]
-HEADERS = [CSRC / "cpu_math.h"]
+HEADERS = sorted(CSRC.glob("*.h"))  # their text keys the build folder too
 NAME = "sluice_cpu_kernels"
 # reassociation lets the compiler vectorise sums as trees (dot products, softmax sums);
 # infinities and NaNs keep their meaning (no -ffinite-math-only)
