@@ -60,6 +60,11 @@ class ControlPlaneError(RuntimeError):
 @dataclass(frozen=True)
 class FakeNode:
     name: str
+    # this node's own pod range, as node IPAM gives a real node: kwok numbers a node's pods
+    # from it, and without it every node numbers from the start of --cidr, so pods on two
+    # nodes could share an IP (and peered operator replicas, whose priority is their pod
+    # IP, a priority)
+    pod_cidr: str
     cpu: str = "32"
     memory: str = "128Gi"
     gpus: int = 0
@@ -85,16 +90,16 @@ class FakeNode:
                 "labels": labels,
                 "annotations": {KWOK_NODE_ANNOTATION: "fake"},
             },
-            "spec": {"taints": taints},
+            "spec": {"taints": taints, "podCIDR": self.pod_cidr, "podCIDRs": [self.pod_cidr]},
             "status": {"capacity": resources, "allocatable": resources},
         }
 
 
 DEFAULT_NODES = (
-    FakeNode("cpu-node-1"),
-    FakeNode("cpu-node-2"),
-    FakeNode("gpu-node-1", cpu="32", memory="256Gi", gpus=2),
-    FakeNode("gpu-node-2", cpu="32", memory="256Gi", gpus=2),
+    FakeNode("cpu-node-1", "10.244.1.0/24"),
+    FakeNode("cpu-node-2", "10.244.2.0/24"),
+    FakeNode("gpu-node-1", "10.244.3.0/24", cpu="32", memory="256Gi", gpus=2),
+    FakeNode("gpu-node-2", "10.244.4.0/24", cpu="32", memory="256Gi", gpus=2),
 )
 
 

@@ -72,7 +72,7 @@ def test_too_many_gpus_is_unschedulable_until_a_big_enough_node_joins(
     assert operator_events(kube, ns, "WaitingForCapacity") == []
     assert not is_ready(kube.isvc(ns, name))
 
-    node = local_cluster.FakeNode("gpu-node-big", cpu="32", memory="256Gi", gpus=4)
+    node = local_cluster.FakeNode("gpu-node-big", "10.244.5.0/24", cpu="32", memory="256Gi", gpus=4)
     kube.plane.add_node(node)
     try:
         wait_until("Ready on the 4-GPU node", lambda: is_ready(kube.isvc(ns, name)), timeout=90,
