@@ -21,7 +21,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks`
 from benchmarks.serving.server import launched_server, serve_command  # noqa: E402
-from sluice.runtime.scheduler.hold_gate import ARM, ENV_HOLD_DIR, HELD, PAUSE  # noqa: E402
+from sluice.runtime.testing.hold_gate import ARM, ENV_HOLD_DIR, HELD, PAUSE  # noqa: E402
 
 START_TIMEOUT_S = 300
 
@@ -66,7 +66,7 @@ class RunningServer:
 
 @dataclass(frozen=True)
 class Hold:
-    """The test side of the scheduler's hold gate (`sluice.runtime.scheduler.hold_gate`):
+    """The test side of the scheduler's hold gate (`sluice.runtime.testing.hold_gate`):
     freeze the live scheduler once a request has `n` output tokens, look, then release."""
 
     folder: Path

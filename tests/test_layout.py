@@ -93,7 +93,7 @@ FLOORS = {
     "model": 4,
     "lora": 5,
     "engine": 6,
-    "server_args": 7,
+    "server_args": 7, "testing": 7,  # testing: test hooks, wired in by composition roots only
     "scheduler": 8, "entrypoints": 8,
     "supervisor": 8,  # the child processes' lifecycle, for launch
     "launch": 9, "sim": 9,
@@ -167,6 +167,19 @@ def test_no_import_runs_up_a_floor():
     bad = _upward_imports()
     assert bad - ALLOWED_UPWARD == set()
     assert ALLOWED_UPWARD - bad == set(), "gone: remove it from ALLOWED_UPWARD"
+
+
+# the scheduler process's composition root: the only module that wires in the test hooks
+TEST_HOOK_IMPORTERS = {"sluice.runtime.scheduler.process"}
+
+
+def test_test_hooks_are_wired_in_only_by_the_composition_root():
+    importers = {
+        source
+        for source, targets in _imports(_runtime_modules()).items()
+        if _floor_name(source) != "testing" and any(_floor_name(t) == "testing" for t in targets)
+    }
+    assert importers == TEST_HOOK_IMPORTERS
 
 
 def test_no_circle_of_files():

@@ -22,7 +22,7 @@ from reliability_kit import stream_until_end as stream
 from server_process import hold_env, serve, wait_for
 
 from sluice.runtime import constants as C
-from sluice.runtime.engine.fault_injection import ENV_FAULTS
+from sluice.runtime.testing.fault_injection import ENV_FAULTS
 
 pytestmark = pytest.mark.integration
 

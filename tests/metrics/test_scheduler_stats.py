@@ -11,13 +11,13 @@ from types import SimpleNamespace
 import pytest
 
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerStats, TokenizedGenerateReq
-from sluice.runtime.scheduler.process import (
+from sluice.runtime.scheduler.loop import (
     KV_USAGE_STEP,
     STATS_INTERVAL_S,
     StatsPublisher,
     ThroughputWindow,
-    build_scheduler,
 )
+from sluice.runtime.scheduler.process import build_scheduler
 
 
 # --- ThroughputWindow ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A forward that raises loses its batch, not the scheduler (scheduler/faults.py).
 
-Faults are injected with the test hook (`engine/fault_injection.py`): a prompt holding the
-poison token makes the forward raise after the model ran, before sampling. What a client
+Faults are injected with the test hook (`testing/fault_injection.py`, an executor wrapper): a
+prompt holding the poison token makes its forward's result raise after the model ran. What a client
 would see is checked: the batch's requests end with an 'error' naming the cause, requests
 outside it complete with exactly the tokens a run without faults gives them (the oracle: a
 fresh scheduler without the hook), nothing the failed forward wrote is reused from the
@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from sluice.runtime.engine.engine_faults import EngineUnusable, is_unrecoverable
-from sluice.runtime.engine.fault_injection import (
+from sluice.runtime.testing.fault_injection import (
     ENV_FAULTS,
+    FaultInjectingExecutor,
     FaultPlan,
     InjectedFatalFault,
     InjectedFault,
@@ -38,6 +39,11 @@ def harness(make_harness, loop: str, **kw: object):
         h.scheduler.executor.close()
         h.scheduler.executor = StreamExecutor(h.worker, HostStreams())
     return h
+
+
+def inject(h, plan: FaultPlan) -> None:
+    """Wrap the harness's executor as the scheduler process does for `SLUICE_TEST_FAULTS`."""
+    h.scheduler.executor = FaultInjectingExecutor(h.scheduler.executor, plan)
 
 
 def run_alone(make_harness, prompt: list[int], **sampling: object) -> list[int]:
@@ -81,11 +87,38 @@ def test_with_tensor_parallelism_any_forward_fault_is_unrecoverable():
             assert "tp rank 1" in str(caught.value)
 
 
+def test_with_tensor_parallelism_an_injected_fault_is_unrecoverable_too():
+    """The wrapper follows the worker's rule; the forward it fails still ran."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    ran: list[object] = []
+
+    class Inner:
+        device_row = None
+
+        def submit(self, fi):
+            ran.append(fi)
+            done: Future = Future()
+            done.set_result("output")
+            return done
+
+    fi = SimpleNamespace(rows=[SimpleNamespace(tokens=[POISON])], sampling=[])
+    for size, expect_fatal in ((1, False), (2, True)):
+        wrapped = FaultInjectingExecutor(Inner(), FaultPlan(forward_token=POISON), size)
+        with pytest.raises(Exception, match="injected forward fault") as caught:
+            wrapped.submit(fi).result()
+        assert is_unrecoverable(caught.value) is expect_fatal
+    assert ran == [fi, fi]
+    clean = SimpleNamespace(rows=[SimpleNamespace(tokens=[1])], sampling=[])
+    assert FaultInjectingExecutor(Inner(), FaultPlan(forward_token=POISON)).submit(clean).result() == "output"
+
+
 @LOOPS
 def test_a_failed_batch_ends_its_requests_and_the_rest_are_served_unchanged(make_harness, loop):
     want = run_alone(make_harness, PREFIX + [30, 31], max_new_tokens=6, ignore_eos=True)
     h = harness(make_harness, loop, page_size=4, max_running_requests=2)
-    h.worker.faults = FaultPlan(forward_token=POISON)
+    inject(h, FaultPlan(forward_token=POISON))
     h.submit("poisoned", PREFIX + [POISON, 40], max_new_tokens=6, ignore_eos=True)
     h.submit("neighbour", [21, 22, 23], max_new_tokens=6, ignore_eos=True)  # same batch
     h.submit("waiting", PREFIX + [30, 31], max_new_tokens=6, ignore_eos=True)  # no slot yet
@@ -107,7 +140,7 @@ def test_a_fault_while_others_decode_fails_the_whole_batch_and_serving_goes_on(
     make_harness, loop
 ):
     h = harness(make_harness, loop, page_size=4)
-    h.worker.faults = FaultPlan(forward_token=POISON)
+    inject(h, FaultPlan(forward_token=POISON))
     h.submit("running", [21, 22, 23], max_new_tokens=40, ignore_eos=True)
     for _ in range(3):
         h.step()
@@ -127,7 +160,7 @@ def test_a_fault_while_others_decode_fails_the_whole_batch_and_serving_goes_on(
 @LOOPS
 def test_a_sampler_fault_for_one_row_loses_that_batch_only(make_harness, loop):
     h = harness(make_harness, loop)
-    h.worker.faults = FaultPlan(sample_seed=4242)
+    inject(h, FaultPlan(sample_seed=4242))
     h.submit("seeded", [5, 6, 7], max_new_tokens=3, temperature=1.0, seed=4242)
     h.run_until_idle()
     assert h.finished["seeded"].kind == "error"
@@ -143,7 +176,7 @@ def test_an_unrecoverable_fault_raises_engine_dead_and_every_request_is_answered
     make_harness, loop
 ):
     h = harness(make_harness, loop, max_running_requests=2)
-    h.worker.faults = FaultPlan(fatal_token=POISON)
+    inject(h, FaultPlan(fatal_token=POISON))
     h.submit("running", [21, 22, 23], max_new_tokens=40, ignore_eos=True)
     h.step()
     h.submit("fatal", [POISON, 1, 2], max_new_tokens=4)
@@ -189,7 +222,7 @@ def test_a_launch_that_raises_loses_its_batch_in_every_executor(make_harness, lo
 
 def test_an_integrity_failure_after_a_fault_is_fatal(make_harness, monkeypatch):
     h = make_harness()
-    h.worker.faults = FaultPlan(forward_token=POISON)
+    inject(h, FaultPlan(forward_token=POISON))
     cache = h.scheduler.cache
 
     def broken(*args, **kwargs):

@@ -14,6 +14,7 @@ import contextlib
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -29,8 +30,14 @@ class PendingOutput(Protocol):
         """The forward's output; waits for it (raises what the forward raised)."""
 
 
+DeviceRowReader = Callable[[int, int], list[int]]
+"""(row, n) -> the first `n` KV slots the device's page table holds for request row `row`."""
+
+
 class Executor(Protocol):
-    worker: ModelWorker
+    device_row: DeviceRowReader | None
+    """What the integrity check compares the host's books with; None where there is no
+    device table (the simulator)."""
 
     def submit(self, fi: ForwardInput) -> PendingOutput: ...
 
@@ -45,6 +52,7 @@ class SyncExecutor:
 
     def __init__(self, worker: ModelWorker) -> None:
         self.worker = worker
+        self.device_row: DeviceRowReader | None = worker.device_row
         self.blocked = BlockedTime("normal")
 
     def submit(self, fi: ForwardInput) -> Future[ForwardOutput]:
@@ -70,6 +78,7 @@ class ThreadExecutor:
 
     def __init__(self, worker: ModelWorker) -> None:
         self.worker = worker
+        self.device_row: DeviceRowReader | None = worker.device_row
         self._jobs: queue.SimpleQueue[tuple[ForwardInput, Future[ForwardOutput]] | None] = (
             queue.SimpleQueue()
         )
@@ -224,6 +233,7 @@ class StreamExecutor:
 
     def __init__(self, worker: ModelWorker, streams: DeviceStreams | None = None) -> None:
         self.worker = worker
+        self.device_row: DeviceRowReader | None = worker.device_row
         self.streams = streams if streams is not None else CudaStreams(worker.device)
         self._last: _StreamResult | None = None
         self.blocked = BlockedTime("overlap")

@@ -44,7 +44,6 @@ from sluice.runtime.engine.cuda_graph import (
     cuda_graph_disabled_reason,
 )
 from sluice.runtime.engine.engine_faults import EngineUnusable
-from sluice.runtime.engine.fault_injection import FaultPlan
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
 from sluice.runtime.engine.gpu_defaults import resolve_for_model
 from sluice.runtime.engine.sampler import (
@@ -137,8 +136,6 @@ def _attention_backend(args: EngineConfig, device: str, dtype: torch.dtype) -> A
 
 
 class ModelWorker:
-    faults: FaultPlan | None = None  # tests only: SLUICE_TEST_FAULTS (engine/fault_injection.py)
-
     def __init__(
         self, flags: Any, model_path: str | Path, tp: TensorParallelGroup = SINGLE_RANK
     ) -> None:
@@ -337,8 +334,6 @@ class ModelWorker:
     @torch.inference_mode()
     def _sample(self, launched: LaunchedForward, mask: torch.Tensor | None) -> SampledForward:
         fi, logits = launched.fi, launched.logits
-        if self.faults is not None:
-            self.faults.check(fi)
         staged = launched.staged if launched.staged is not None else self._stage(fi)
         prompt = self._prompt_logprobs(fi, logits[len(fi.rows) :], staged)
         logits = logits[: len(fi.rows)]

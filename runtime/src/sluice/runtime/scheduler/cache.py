@@ -14,8 +14,8 @@ the rest belong to the request. With `--disable-radix-cache` the prefix cache is
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.prefix_cache import NoPrefixCache, PrefixCache
@@ -23,8 +23,8 @@ from sluice.runtime.memory.radix_cache import RadixCache
 from sluice.runtime.memory.request_slots import RequestSlots
 from sluice.runtime.scheduler.request import Req, cache_key
 
-# (row, number of positions) -> the KV slots the device's table row holds there
-DeviceRowReader = Callable[[int, int], list[int]]
+if TYPE_CHECKING:
+    from sluice.runtime.engine.executor import DeviceRowReader
 
 
 @dataclass

@@ -1,64 +1,60 @@
-"""The scheduler process: ZeroMQ in, scheduler ticks, ZeroMQ out.
+"""The scheduler process's composition root: the model worker, the scheduler over it, and
+its loop (`scheduler.loop`), with the test hooks (`testing/`) where a test asks for them.
 
-With tensor parallelism there is one per rank: rank 0 does all of the above and broadcasts
-each tick to the other ranks, which replay it (`scheduler.ranks`) and talk to no one.
+With tensor parallelism there is one per rank: rank 0 runs the loop and broadcasts each
+tick to the other ranks, which replay it (`scheduler.ranks`) and talk to no one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
 import sys
-import time
 import traceback
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
 
 import zmq
 
 from sluice.runtime.constrained import GrammarCompiler
 from sluice.runtime.distributed.group import SINGLE_RANK, init_process_group
 from sluice.runtime.distributed.topology import RankSpec
-from sluice.runtime.engine.executor import SyncExecutor, overlap_executor
-from sluice.runtime.engine.fault_injection import FaultPlan
+from sluice.runtime.engine.executor import Executor, SyncExecutor, overlap_executor
 from sluice.runtime.engine.model_worker import ModelWorker, PoolLayout
-from sluice.runtime.ipc.messages import SchedulerStats
 from sluice.runtime.ipc.sockets import (
     PortArgs,
     pull_socket,
     push_socket,
-    recv,
-    recv_all_nowait,
-    send,
 )
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.request_slots import RequestSlots
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.faults import answer_everyone
-from sluice.runtime.scheduler.hold_gate import HoldGate
+from sluice.runtime.scheduler.loop import OPEN, serve_forever
 from sluice.runtime.scheduler.lora import AdapterGate
 from sluice.runtime.scheduler.policy import PolicyConfig
-from sluice.runtime.scheduler.ranks import Tick, TickBroadcaster, follow_leader, grammar_queue
+from sluice.runtime.scheduler.ranks import TickBroadcaster, follow_leader, grammar_queue
 from sluice.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from sluice.runtime.server_args import ServerArgs
+from sluice.runtime.testing.fault_injection import FaultInjectingExecutor, FaultPlan
+from sluice.runtime.testing.hold_gate import HoldGate
 
 logger = logging.getLogger("sluice.scheduler")
 
-STATS_INTERVAL_S = 1.0  # stats are published at least this often
-THROUGHPUT_WINDOW_S = 5.0  # generation throughput is averaged over this sliding window
-KV_USAGE_STEP = 0.05  # a KV usage change this large is published at once
-PAUSED_POLL_S = 0.01  # how often a paused scheduler (test hold gate) looks for its release
 
-
-def build_scheduler(args: ServerArgs, worker: ModelWorker) -> Scheduler:
+def build_scheduler(
+    args: ServerArgs,
+    worker: ModelWorker,
+    wrap: Callable[[Executor], Executor] | None = None,
+) -> Scheduler:
     """The scheduler for `args` over `worker`: its bookkeeping (pages, rows, prefix cache)
-    is built here, sized to the worker's device pool (and its args: auto sizes resolved)."""
+    is built here, sized to the worker's device pool (and its args: auto sizes resolved).
+    `wrap`: what the executor runs inside (a test's fault injection)."""
     args = worker.args
-    executor = overlap_executor(worker) if args.overlap_schedule else SyncExecutor(worker)
+    executor: Executor = overlap_executor(worker) if args.overlap_schedule else SyncExecutor(worker)
+    if wrap is not None:
+        executor = wrap(executor)
     grammars = grammar_queue(
         GrammarCompiler(worker.tokenizer, worker.model_config.vocab_size, worker.eos_token_ids),
         worker.tp,
@@ -130,8 +126,12 @@ def run_scheduler_process(
                 rank, args.resolved_device, ordered_sum=args.enable_deterministic_inference
             )
         worker = ModelWorker(args, model_path, tp)
-        worker.faults = FaultPlan.from_env()  # tests only
-        scheduler = build_scheduler(args, worker)
+        faults = FaultPlan.from_env()  # tests only, as is the hold gate
+        scheduler = build_scheduler(
+            args,
+            worker,
+            None if faults is None else lambda e: FaultInjectingExecutor(e, faults, tp.size),
+        )
         overlap, why = args.overlap_choice
         logger.info("%s loop (%s)", "overlap" if overlap else "normal", why)
         if not tp.is_leader:
@@ -160,7 +160,7 @@ def run_scheduler_process(
                 parent,
                 overlap,
                 args.log_tick_timing,
-                HoldGate.from_env(),
+                HoldGate.from_env() or OPEN,
                 TickBroadcaster(tp) if tp.size > 1 else None,
             )
         except Exception as exc:  # the engine is down: answer every request, then exit 1
@@ -176,110 +176,3 @@ def run_scheduler_process(
         sys.exit(1)
 
 
-def serve_forever(
-    scheduler: Scheduler,
-    inbox: zmq.Socket,
-    outbox: zmq.Socket,
-    parent: int,
-    overlap: bool = False,
-    timing_interval_s: float = 0.0,
-    hold_gate: HoldGate | None = None,
-    followers: TickBroadcaster | None = None,
-) -> None:
-    publisher = StatsPublisher()
-    step = scheduler.step_overlap if overlap else scheduler.step
-    loop = "overlap" if overlap else "normal"
-    last_timing = time.monotonic()
-    while True:
-        paused = hold_gate is not None and hold_gate.paused
-        idle = not scheduler.has_work or paused
-        if not idle:
-            msgs = recv_all_nowait(inbox)
-        else:
-            scheduler.on_idle()  # reset new_token_ratio and check integrity before waiting
-            wait_s = PAUSED_POLL_S if paused else STATS_INTERVAL_S
-            first = recv(inbox, timeout_ms=int(wait_s * 1000))
-            msgs = [] if first is None else [first, *recv_all_nowait(inbox)]
-            if first is None and os.getppid() != parent:
-                logger.error("the server process is gone; scheduler exiting")
-                if followers is not None:
-                    followers.publish(Tick(stop=True))
-                return
-        # read again: a test pauses before it sends, so what woke us up sees the pause
-        run = not (hold_gate is not None and hold_gate.paused)
-        if followers is not None:  # before handling: handling edits the messages
-            followers.publish(Tick(idle, run, False, msgs))
-        for msg in msgs:
-            scheduler.handle(msg)
-        if run:
-            step()
-        if timing_interval_s and time.monotonic() - last_timing >= timing_interval_s:
-            last_timing = time.monotonic()
-            logger.info("tick timing loop=%s %s", loop, scheduler.timing.take().summary())
-        out = scheduler.take_output()
-        if out is not None:
-            send(outbox, out)
-        for reply in scheduler.take_replies():
-            send(outbox, reply)
-        stats = publisher.poll(scheduler, time.monotonic())
-        if stats is not None:
-            send(outbox, stats)
-        if hold_gate is not None:
-
-            def publish() -> dict[str, Any]:
-                held = publisher.poll(scheduler, time.monotonic(), force=True)
-                assert held is not None
-                send(outbox, held)
-                return dataclasses.asdict(held)
-
-            hold_gate.hold_if_reached([len(r.output_ids) for r in scheduler.live_requests()], publish)
-
-
-@dataclass
-class ThroughputWindow:
-    """Tokens per second over the last `window_s` seconds, from a cumulative count.
-
-    Keeps (time, count) samples; the oldest kept one is the newest at or before the
-    window's start, so the rate spans the whole window (and falls to 0 once a full window
-    passes without a token).
-    """
-
-    window_s: float = THROUGHPUT_WINDOW_S
-    samples: deque[tuple[float, int]] = field(default_factory=deque)
-
-    def update(self, now: float, total: int) -> float:
-        self.samples.append((now, total))
-        while len(self.samples) > 2 and self.samples[1][0] <= now - self.window_s:
-            self.samples.popleft()
-        t0, n0 = self.samples[0]
-        return (total - n0) / (now - t0) if now > t0 else 0.0
-
-
-@dataclass
-class StatsPublisher:
-    """Decides when the scheduler publishes its `SchedulerStats`: at least every
-    `STATS_INTERVAL_S`, and at once when something an autoscaler or a dashboard reads has
-    changed: the queue length, the running count, retractions, KV usage by a step of
-    `KV_USAGE_STEP`, or requests were admitted (their queue times travel with the stats)."""
-
-    throughput: ThroughputWindow = field(default_factory=ThroughputWindow)
-    last_at: float | None = None
-    last_key: tuple[int, int, int, int] | None = None
-
-    def poll(self, scheduler: Scheduler, now: float, force: bool = False) -> SchedulerStats | None:
-        stats = scheduler.stats()
-        key = (
-            stats.queue_requests,
-            stats.running_requests,
-            stats.retractions_total,
-            round(stats.kv_token_usage / KV_USAGE_STEP),
-        )
-        queue_times = scheduler.take_queue_times()
-        due = self.last_at is None or now - self.last_at >= STATS_INTERVAL_S
-        if not (force or due or queue_times or key != self.last_key):
-            return None
-        stats.queue_times = queue_times
-        generated = scheduler.counters.generated_tokens
-        stats.generation_throughput = self.throughput.update(now, generated)
-        self.last_at, self.last_key = now, key
-        return stats

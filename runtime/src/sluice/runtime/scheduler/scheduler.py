@@ -540,7 +540,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         self.executor.wait_idle()  # the device tables are compared too
-        self.cache.check_integrity(self.live_requests(), self.executor.worker.device_row)
+        self.cache.check_integrity(self.live_requests(), self.executor.device_row)
         self.counters.integrity_checks += 1
 
     def fail_all(self, reason: FinishReason) -> None:

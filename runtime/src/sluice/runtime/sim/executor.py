@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
+from sluice.runtime.engine.executor import DeviceRowReader
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
 from sluice.runtime.sim.cost_model import LoopCost
 from sluice.runtime.sim.features import BatchFeatures
@@ -76,15 +76,6 @@ class SimFuture(Future[ForwardOutput]):
 
 
 @dataclass
-class _SimWorker:
-    """What the scheduler reads of `executor.worker` (nothing in the simulation: the
-    integrity check runs without device rows, see `SimReplica.check_integrity`)."""
-
-    def device_row(self, row: int, n: int) -> list[int]:
-        raise NotImplementedError("the simulated worker has no device tables")
-
-
-@dataclass
 class LaunchRecord:
     """One simulated forward, for tests and the schedule trace."""
 
@@ -106,7 +97,7 @@ class SimExecutor:
         self.clock = clock
         self.cost = cost
         self.token_id = token_id
-        self.worker: Any = _SimWorker()
+        self.device_row: DeviceRowReader | None = None  # no device tables to compare
         self.device_free_at = 0.0
         self.pending_host = 0.0  # processing cost of a result read, not yet on the clock
         self.launches: list[LaunchRecord] = []

@@ -113,7 +113,7 @@ class RecordingExecutor:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.worker = inner.worker
+        self.device_row = inner.device_row
         self.submitted: deque[tuple[BatchFeatures, Future[ForwardOutput]]] = deque()
         self.submit_cpu: dict[int, float] = {}
 

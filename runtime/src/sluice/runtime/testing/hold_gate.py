@@ -6,8 +6,8 @@ machine the state is gone before anyone looks. The gate makes such a test determ
 by construction: the test arms it, the scheduler stops at the armed point after publishing
 its outputs and stats, and resumes only when the test says so.
 
-Off unless the scheduler process starts with `SLUICE_TEST_HOLD_DIR` set (read once, in the
-process entry point). Protocol, all through files in that folder:
+Off unless the scheduler process starts with `SLUICE_TEST_HOLD_DIR` set (read once, by the
+process's composition root). Protocol, all through files in that folder:
 
 1. the test writes `arm` holding "N" or "N M" (M defaults to 1);
 2. after the first tick at whose end at least M live requests have at least N output tokens
@@ -58,17 +58,17 @@ class HoldGate:
             return None
         return (values[0], values[1] if len(values) > 1 else 1) if values else None
 
-    def hold_if_reached(
-        self, output_lens: list[int], publish: Callable[[], dict[str, Any]]
-    ) -> bool:
-        """Hold (until released) when armed and enough of `output_lens` reached the mark;
-        `publish` sends the stats and returns what it sent."""
+    def after_tick(
+        self, output_lens: Callable[[], list[int]], publish: Callable[[], dict[str, Any]]
+    ) -> None:
+        """Hold (until released) when armed and enough live requests reached the mark;
+        `publish` sends the stats and returns what it sent (`scheduler.loop.LoopGate`)."""
         armed = self.armed_at()
         if armed is None:
-            return False
+            return
         tokens, requests = armed
-        if sum(1 for n in output_lens if n >= tokens) < requests:
-            return False
+        if sum(1 for n in output_lens() if n >= tokens) < requests:
+            return
         published = publish()
         tmp = self.folder / f"{HELD}.tmp"
         tmp.write_text(json.dumps(published))
@@ -76,4 +76,3 @@ class HoldGate:
         (self.folder / ARM).unlink(missing_ok=True)
         while (self.folder / HELD).exists():
             time.sleep(POLL_S)
-        return True

@@ -1,9 +1,10 @@
-"""A test-only hook that makes the model worker fail on purpose. Off in production.
+"""A test-only `Executor` wrapper that makes chosen forwards fail. Off in production.
 
 Tests of fault isolation need a forward that raises at a point they choose, in a real
 server. Off unless the scheduler process starts with `SLUICE_TEST_FAULTS` set (read once,
-in the process entry point, like the hold gate); the worker then calls `check` once per
-forward, after the model ran and before sampling (the KV of the batch is written, its
+by the process's composition root, like the hold gate), which then wraps the scheduler's
+executor in a `FaultInjectingExecutor`: each forward is checked as it is submitted (in
+forward order), runs all the same (its KV is written), and reading its result raises (the
 result is lost). Comma-separated triggers:
 
 - `forward_token=T`: a forward computing a prompt that holds token id T raises;
@@ -21,7 +22,8 @@ import os
 from dataclasses import dataclass, field
 
 from sluice.runtime.engine.engine_faults import EngineUnusable
-from sluice.runtime.engine.forward_input import ForwardInput
+from sluice.runtime.engine.executor import DeviceRowReader, Executor, PendingOutput
+from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
 
 ENV_FAULTS = "SLUICE_TEST_FAULTS"
 TRIGGERS = ("forward_token", "forward_call", "sample_seed", "fatal_token")
@@ -72,3 +74,47 @@ class FaultPlan:
             s.params.seed == self.sample_seed for s in fi.sampling
         ):
             raise InjectedFault(f"injected sampler fault (a row with seed {self.sample_seed})")
+
+
+class _Failing:
+    """A forward that ran but whose result is lost: reading it raises `error` (or what the
+    forward itself raised, which came first)."""
+
+    def __init__(self, pending: PendingOutput, error: Exception) -> None:
+        self.pending = pending
+        self.error = error
+
+    def result(self) -> ForwardOutput:
+        self.pending.result()
+        raise self.error
+
+
+class FaultInjectingExecutor:
+    """`inner`, with the forwards `plan` picks failing. With tensor parallelism
+    (`group_size` > 1) every fault is unrecoverable, as a real one is (the model worker's
+    rule: one rank cannot drop a batch alone)."""
+
+    def __init__(self, inner: Executor, plan: FaultPlan, group_size: int = 1) -> None:
+        self.inner = inner
+        self.plan = plan
+        self.group_size = group_size
+        self.device_row: DeviceRowReader | None = inner.device_row
+
+    def submit(self, fi: ForwardInput) -> PendingOutput:
+        pending = self.inner.submit(fi)
+        try:
+            self.plan.check(fi)
+        except InjectedFault as fault:
+            error: Exception = fault
+            if self.group_size > 1:
+                error = EngineUnusable(f"{type(fault).__name__}: {fault}")
+            return _Failing(pending, error)
+        except InjectedFatalFault as fault:
+            return _Failing(pending, fault)
+        return pending
+
+    def wait_idle(self) -> None:
+        self.inner.wait_idle()
+
+    def close(self) -> None:
+        self.inner.close()
