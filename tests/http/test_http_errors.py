@@ -53,7 +53,7 @@ def test_a_body_that_is_not_an_object_is_a_400(client):
          "messages.[1].tool_call_id"),
         ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]},
          "messages.[1].content"),
-        # stop strings are bounded (openai_protocol.MAX_STOP_STRINGS / MAX_STOP_STRING_CHARS)
+        # stop strings are bounded (json_types.MAX_STOP_STRINGS / MAX_STOP_STRING_CHARS)
         ({"stop": [f"s{i}" for i in range(3000)]}, "stop"),
         ({"stop": ["x" * 257]}, "stop"),
         ({"seed": "abc"}, "seed"),

@@ -3,19 +3,32 @@
 import pytest
 from pydantic import ValidationError
 
-from sluice.runtime.entrypoints import openai_protocol as P
-from sluice.runtime.entrypoints import request_params as Q
+from sluice.runtime.entrypoints.errors import ProtocolError, from_validation_error
+from sluice.runtime.entrypoints.json_types import SEED_MAX, SEED_MIN
+from sluice.runtime.entrypoints.openai_protocol import (
+    MAX_N,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+)
+from sluice.runtime.entrypoints.request_params import (
+    finish_reason,
+    native_sampling_params,
+    per_choice_params,
+    stop_reason,
+    to_sampling_params,
+)
 from sluice.runtime.ipc.messages import FinishReason, SamplingParams
 
 
 def chat(**fields):
-    return P.ChatCompletionRequest.model_validate(
+    return ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
     )
 
 
 def completion(**fields):
-    return P.CompletionRequest.model_validate({"model": "m", "prompt": "hi", **fields})
+    return CompletionRequest.model_validate({"model": "m", "prompt": "hi", **fields})
 
 
 def test_openai_and_extra_fields_map_onto_sampling_params():
@@ -36,7 +49,7 @@ def test_openai_and_extra_fields_map_onto_sampling_params():
         skip_special_tokens=False,
         logprobs=True,
     )
-    assert Q.to_sampling_params(req, prompt_len=10, context_len=100) == SamplingParams(
+    assert to_sampling_params(req, prompt_len=10, context_len=100) == SamplingParams(
         max_new_tokens=7,
         min_new_tokens=2,
         temperature=0.5,
@@ -57,7 +70,7 @@ def test_openai_and_extra_fields_map_onto_sampling_params():
 
 
 def test_defaults_are_openais():
-    p = Q.to_sampling_params(chat(), prompt_len=10, context_len=100)
+    p = to_sampling_params(chat(), prompt_len=10, context_len=100)
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty) == (
         1.0,
         1.0,
@@ -69,20 +82,20 @@ def test_defaults_are_openais():
 
 
 def test_chat_without_max_tokens_may_use_the_rest_of_the_context():
-    assert Q.to_sampling_params(chat(), prompt_len=30, context_len=100).max_new_tokens == 70
+    assert to_sampling_params(chat(), prompt_len=30, context_len=100).max_new_tokens == 70
 
 
 def test_completions_without_max_tokens_default_to_16():
-    assert Q.to_sampling_params(completion(), prompt_len=30, context_len=100).max_new_tokens == 16
+    assert to_sampling_params(completion(), prompt_len=30, context_len=100).max_new_tokens == 16
 
 
 def test_max_completion_tokens_wins_over_max_tokens():
     req = chat(max_tokens=50, max_completion_tokens=5)
-    assert Q.to_sampling_params(req, 10, 100).max_new_tokens == 5
+    assert to_sampling_params(req, 10, 100).max_new_tokens == 5
 
 
 def test_a_tiny_temperature_means_greedy_and_top_k_zero_means_off():
-    p = Q.to_sampling_params(chat(temperature=1e-7, top_k=0), 10, 100)
+    p = to_sampling_params(chat(temperature=1e-7, top_k=0), 10, 100)
     assert p.temperature == 0.0 and p.top_k == -1 and p.is_greedy
 
 
@@ -113,7 +126,7 @@ def test_a_prompt_is_text_or_token_ids_or_a_list_of_those():
         {"max_tokens": "10"},
         {"max_tokens": 2.5},
         {"n": 0},
-        {"n": P.MAX_N + 1},
+        {"n": MAX_N + 1},
         {"top_k": -2},
         {"min_p": 1.5},
         {"repetition_penalty": 0},
@@ -138,7 +151,7 @@ def test_invalid_fields_are_refused(fields):
 def test_validation_errors_name_the_field():
     with pytest.raises(ValidationError) as info:
         chat(temperature=-1)
-    err = P.from_validation_error(info.value)
+    err = from_validation_error(info.value)
     assert err.status == 400 and err.param == "temperature"
     assert err.body()["error"]["type"] == "invalid_request_error"
     assert "temperature" in err.body()["error"]["message"]
@@ -153,63 +166,63 @@ def test_unknown_fields_are_refused_and_no_effect_fields_accepted():
 
 
 def test_prompt_plus_max_tokens_beyond_the_context_is_refused():
-    with pytest.raises(P.ProtocolError) as info:
-        Q.to_sampling_params(chat(max_tokens=91), prompt_len=10, context_len=100)
+    with pytest.raises(ProtocolError) as info:
+        to_sampling_params(chat(max_tokens=91), prompt_len=10, context_len=100)
     assert info.value.code == "context_length_exceeded"
     assert "maximum context length is 100 tokens" in info.value.message
     assert "101 tokens (10 in the messages, 91 in the completion)" in info.value.message
 
 
 def test_a_prompt_that_fills_the_context_is_refused():
-    with pytest.raises(P.ProtocolError, match="maximum context length"):
-        Q.to_sampling_params(chat(), prompt_len=100, context_len=100)
+    with pytest.raises(ProtocolError, match="maximum context length"):
+        to_sampling_params(chat(), prompt_len=100, context_len=100)
 
 
 def test_min_tokens_above_max_tokens_is_refused():
-    with pytest.raises(P.ProtocolError, match="min_tokens"):
-        Q.to_sampling_params(chat(max_tokens=3, min_tokens=4), 10, 100)
+    with pytest.raises(ProtocolError, match="min_tokens"):
+        to_sampling_params(chat(max_tokens=3, min_tokens=4), 10, 100)
 
 
 def test_stream_options_need_stream():
-    with pytest.raises(P.ProtocolError, match="stream_options"):
+    with pytest.raises(ProtocolError, match="stream_options"):
         chat(stream_options={"include_usage": True}).check()
     assert chat(stream=True, stream_options={"include_usage": True}).include_usage
 
 
 def test_top_logprobs_need_logprobs():
-    with pytest.raises(P.ProtocolError, match="top_logprobs"):
+    with pytest.raises(ProtocolError, match="top_logprobs"):
         chat(top_logprobs=2).check()
 
 
 def test_n_choices_get_consecutive_seeds():
-    params = Q.to_sampling_params(chat(seed=7), 10, 100)
-    assert [p.seed for p in Q.per_choice_params(params, 3, base_seed=99)] == [7, 8, 9]
-    unseeded = Q.to_sampling_params(chat(), 10, 100)
-    assert [p.seed for p in Q.per_choice_params(unseeded, 2, base_seed=99)] == [99, 100]
-    assert Q.per_choice_params(unseeded, 1, base_seed=99)[0].seed is None
+    params = to_sampling_params(chat(seed=7), 10, 100)
+    assert [p.seed for p in per_choice_params(params, 3, base_seed=99)] == [7, 8, 9]
+    unseeded = to_sampling_params(chat(), 10, 100)
+    assert [p.seed for p in per_choice_params(unseeded, 2, base_seed=99)] == [99, 100]
+    assert per_choice_params(unseeded, 1, base_seed=99)[0].seed is None
 
 
 def test_derived_seeds_wrap_within_int64():
-    params = Q.to_sampling_params(chat(seed=P.SEED_MAX), 10, 100)
-    assert [p.seed for p in Q.per_choice_params(params, 2, 0)] == [P.SEED_MAX, P.SEED_MIN]
+    params = to_sampling_params(chat(seed=SEED_MAX), 10, 100)
+    assert [p.seed for p in per_choice_params(params, 2, 0)] == [SEED_MAX, SEED_MIN]
 
 
 def test_finish_reasons_map_to_openais():
-    assert Q.finish_reason(None) is None
-    assert Q.finish_reason(FinishReason("stop", matched_token=2)) == "stop"
-    assert Q.finish_reason(FinishReason("length")) == "length"
-    assert Q.finish_reason(FinishReason("abort", message="x")) == "abort"
-    assert Q.stop_reason(FinishReason("stop", matched_str="###")) == "###"
+    assert finish_reason(None) is None
+    assert finish_reason(FinishReason("stop", matched_token=2)) == "stop"
+    assert finish_reason(FinishReason("length")) == "length"
+    assert finish_reason(FinishReason("abort", message="x")) == "abort"
+    assert stop_reason(FinishReason("stop", matched_str="###")) == "###"
 
 
 def test_native_generate_params_use_sglang_names_and_default_to_128_tokens():
-    req = P.GenerateRequest.model_validate(
+    req = GenerateRequest.model_validate(
         {"text": "hi", "sampling_params": {"temperature": 0, "stop": "x", "min_new_tokens": 1}}
     )
     (sp,) = req.sampling_params
-    p = Q.native_sampling_params(req, sp, prompt_len=10, context_len=1000)
+    p = native_sampling_params(req, sp, prompt_len=10, context_len=1000)
     assert (p.max_new_tokens, p.temperature, p.stop, p.min_new_tokens) == (128, 0.0, ["x"], 1)
-    assert Q.native_sampling_params(req, sp, prompt_len=10, context_len=50).max_new_tokens == 40
+    assert native_sampling_params(req, sp, prompt_len=10, context_len=50).max_new_tokens == 40
 
 
 def test_null_fields_take_their_defaults():

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from sluice.runtime.entrypoints.openai_protocol import error_body
+from sluice.runtime.entrypoints.errors import error_body
 
 
 class ApiKeyMiddleware:

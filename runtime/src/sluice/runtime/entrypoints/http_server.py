@@ -42,6 +42,14 @@ from sluice.runtime.entrypoints import reasoning as RS
 from sluice.runtime.entrypoints import request_params as Q
 from sluice.runtime.entrypoints import tools as TL
 from sluice.runtime.entrypoints.constraints import ConstraintError, request_constraint
+from sluice.runtime.entrypoints.errors import (
+    ProtocolError,
+    as_protocol_error,
+    error_body,
+    from_validation_error,
+    model_not_found,
+    not_supported_yet,
+)
 from sluice.runtime.entrypoints.http_guards import ApiKeyMiddleware, BodyLimitMiddleware
 from sluice.runtime.entrypoints.json_body import load_json_body
 from sluice.runtime.entrypoints.lora_api import LoraAdapters
@@ -56,7 +64,6 @@ from sluice.runtime.entrypoints.streaming import (
     EventFormat,
     GenerateEvents,
     SSEResponse,
-    as_protocol_error,
     sse_event,
 )
 from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST
@@ -123,24 +130,24 @@ class _Server:
     async def parse(self, request: Request, model: type[T]) -> T:
         data = load_json_body(await request.body())
         if not isinstance(data, dict):
-            raise P.ProtocolError("The request body must be a JSON object.", code="invalid_json")
+            raise ProtocolError("The request body must be a JSON object.", code="invalid_json")
         try:
             req = model.model_validate(data)  # type: ignore[attr-defined]
         except ValidationError as exc:
-            raise P.from_validation_error(exc) from exc
+            raise from_validation_error(exc) from exc
         problem = req.unsupported()
         if problem is not None:
             raise problem
         req.check()
         if self.tm.draining:
-            raise P.ProtocolError(
+            raise ProtocolError(
                 "The server is shutting down.", status=503, type="server_error", code="draining"
             )
         return req
 
     def check_model(self, model: str | None) -> str:
         if model not in (None, self.tm.served_model_name, self.args.model) and self.lora.get(model) is None:
-            raise P.model_not_found(model or "")
+            raise model_not_found(model or "")
         return model or self.tm.served_model_name
 
     def lora_id(self, model: str | None) -> int:
@@ -160,7 +167,7 @@ class _Server:
         try:
             return request_constraint(req, prefix)
         except ConstraintError as exc:
-            raise P.ProtocolError(str(exc), param=exc.param, code="invalid_constraint") from exc
+            raise ProtocolError(str(exc), param=exc.param, code="invalid_constraint") from exc
 
     async def start(self, jobs: list[Job], stop_param: str = "stop_token_ids") -> ChoiceStreams:
         """Start every job. The generators run to their first wait before this returns, so
@@ -173,7 +180,7 @@ class _Server:
         try:
             self.tm.check_admission(len(jobs))  # all the choices, or none
         except TooManyChoices as exc:
-            raise P.ProtocolError(str(exc), param="n") from exc
+            raise ProtocolError(str(exc), param="n") from exc
         except (Overloaded, EngineDown) as exc:
             raise as_protocol_error(exc) from exc
         if not self.args.disable_radix_cache and not any(j.params.lora_id for j in jobs):
@@ -210,7 +217,7 @@ class _Server:
                 raise self.failure(c.last)
         return choices
 
-    def failure(self, chunk: Chunk) -> P.ProtocolError:
+    def failure(self, chunk: Chunk) -> ProtocolError:
         """The error a client gets for a request the server could not complete: 500 naming
         the cause for an engine fault, 408 past --request-timeout, 500 (503 while
         draining) for a server-side abort."""
@@ -218,11 +225,11 @@ class _Server:
         message = (reason.message if reason else "") or "The request was aborted by the server."
         kind = reason.kind if reason is not None else "abort"
         if kind == "timeout":
-            return P.ProtocolError(message, status=408, type="server_error", code="request_timeout")
+            return ProtocolError(message, status=408, type="server_error", code="request_timeout")
         if kind == "error":
-            return P.ProtocolError(message, status=500, type="server_error", code="engine_error")
+            return ProtocolError(message, status=500, type="server_error", code="engine_error")
         status = 503 if self.tm.draining else 500
-        return P.ProtocolError(message, status=status, type="server_error", code="request_aborted")
+        return ProtocolError(message, status=status, type="server_error", code="request_aborted")
 
     async def events(
         self,
@@ -263,14 +270,14 @@ class _Server:
         constraint = self.constraint(req)
         prompt_lp = "prompt_logprobs" if req.prompt_logprobs is not None else None
         if req.echo and req.logprobs is not None:
-            raise P.not_supported_yet("echo", "echo with logprobs (prompt logprobs)")
+            raise not_supported_yet("echo", "echo with logprobs (prompt logprobs)")
         Q.check_capabilities(
             self.caps, constraint=constraint, top_logprobs=req.top_logprobs_num(),
             top_param="logprobs", priority=req.priority, prompt_logprobs=prompt_lp,
             spaces_between_special_tokens=req.spaces_between_special_tokens,
         )  # fmt: skip
         if prompt_lp:
-            raise P.not_supported_yet("prompt_logprobs", "vLLM's prompt_logprobs")
+            raise not_supported_yet("prompt_logprobs", "vLLM's prompt_logprobs")
         ctx = self.tm.context_len
         encoded = await self.off_loop(lambda: [self.encode(p, req.add_special_tokens) for p in req.prompt])
         prompts = [
@@ -335,7 +342,7 @@ class _Server:
             )
         except Exception as exc:  # no template, or the template refused the messages
             message = f"Cannot apply the chat template: {exc}"
-            raise P.ProtocolError(message, param="messages") from exc
+            raise ProtocolError(message, param="messages") from exc
         return self.encode(prompt, add_special_tokens=req.add_special_tokens)
 
     async def chat(self, request: Request) -> Response:
@@ -346,11 +353,11 @@ class _Server:
             forced = TL.tool_constraint(req.tools, choice, req.parallel_tool_calls)
             parser = TL.output_parser(req.tools, choice, self.args.tool_call_parser)
         except TL.ToolError as exc:
-            raise P.ProtocolError(str(exc), param=exc.param) from exc
+            raise ProtocolError(str(exc), param=exc.param) from exc
         constraint = self.constraint(req)
         if forced is not None:
             if constraint is not None:
-                raise P.ProtocolError(
+                raise ProtocolError(
                     f"tool_choice {choice if isinstance(choice, str) else 'function'} cannot "
                     f"be combined with {constraint[0]}",
                     param="tool_choice",
@@ -363,7 +370,7 @@ class _Server:
             spaces_between_special_tokens=req.spaces_between_special_tokens,
         )  # fmt: skip
         if req.prompt_logprobs is not None:
-            raise P.not_supported_yet("prompt_logprobs", "vLLM's prompt_logprobs")
+            raise not_supported_yet("prompt_logprobs", "vLLM's prompt_logprobs")
         ctx = self.tm.context_len
         ids = Q.truncate_prompt(await self.off_loop(self.chat_prompt, req),
                                 req.truncate_prompt_tokens, req.truncation_side, ctx)  # fmt: skip
@@ -472,7 +479,7 @@ class _Server:
         if req.lora_path is not None:
             paths = req.lora_path if isinstance(req.lora_path, list) else [req.lora_path] * n
             if len(paths) != n:
-                raise P.ProtocolError(f"lora_path has {len(paths)} entries for {n} prompts",
+                raise ProtocolError(f"lora_path has {len(paths)} entries for {n} prompts",
                                       param="lora_path")  # fmt: skip
             wanted = list(paths)
         ids = []
@@ -482,7 +489,7 @@ class _Server:
                 continue
             adapter = self.lora.by_name_or_path(value)
             if adapter is None:
-                raise P.model_not_found(value)
+                raise model_not_found(value)
             ids.append(adapter.lora_id)
         return ids
 
@@ -600,8 +607,8 @@ def build_app(
     if metrics_handler is not None:
         app.add_api_route(C.METRICS_PATH, metrics_handler, methods=["GET"])
 
-    @app.exception_handler(P.ProtocolError)
-    async def _refused(request: Request, exc: P.ProtocolError) -> Response:
+    @app.exception_handler(ProtocolError)
+    async def _refused(request: Request, exc: ProtocolError) -> Response:
         if exc.status < 500:
             logger.info(
                 "request rejected path=%s status=%d why=%s", request.url.path, exc.status, exc
@@ -617,18 +624,18 @@ def build_app(
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         err = (exc.errors() or [{"loc": (), "msg": "invalid request"}])[0]
         loc = ".".join(str(part) for part in err["loc"])
-        return JSONResponse(P.error_body(f"{loc}: {err['msg']}", code="invalid_value"), 400)
+        return JSONResponse(error_body(f"{loc}: {err['msg']}", code="invalid_value"), 400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        body = P.error_body(str(exc.detail), type=kind)
+        body = error_body(str(exc.detail), type=kind)
         return JSONResponse(body, exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error path=%s", request.url.path)
-        body = P.error_body("Internal server error.", type="server_error", code="internal_error")
+        body = error_body("Internal server error.", type="server_error", code="internal_error")
         return JSONResponse(body, 500)
 
     # the last added runs first: an unauthorized client never makes the server buffer a body

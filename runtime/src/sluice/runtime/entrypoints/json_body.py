@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from sluice.runtime.entrypoints.openai_protocol import ProtocolError
+from sluice.runtime.entrypoints.errors import ProtocolError
 
 MAX_JSON_DEPTH = 64  # nested arrays/objects; a JSON schema of 30 levels fits
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

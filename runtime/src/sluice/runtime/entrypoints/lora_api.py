@@ -27,7 +27,7 @@ from fastapi import Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
-from sluice.runtime.entrypoints import openai_protocol as P
+from sluice.runtime.entrypoints.errors import ProtocolError
 from sluice.runtime.entrypoints.json_body import load_json_body
 from sluice.runtime.ipc.messages import LoadLoraReq, LoraOpResult, UnloadLoraReq
 from sluice.runtime.ipc.sockets import send
@@ -128,13 +128,13 @@ class LoraAdapters:
     # ---- routes -------------------------------------------------------------------------
     async def _body(self, request: Request, fields: set[str]) -> dict[str, Any]:
         if not self.enabled:
-            raise P.ProtocolError("LoRA is off: start the server with --enable-lora.", status=400)
+            raise ProtocolError("LoRA is off: start the server with --enable-lora.", status=400)
         data = load_json_body(await request.body())
         if not isinstance(data, dict):
-            raise P.ProtocolError("The request body must be a JSON object.", code="invalid_json")
+            raise ProtocolError("The request body must be a JSON object.", code="invalid_json")
         for name in data:
             if name not in fields:
-                raise P.ProtocolError(f"Unrecognized request argument supplied: {name}",
+                raise ProtocolError(f"Unrecognized request argument supplied: {name}",
                                       param=name, code="unsupported_parameter")  # fmt: skip
         return data
 
@@ -142,13 +142,13 @@ class LoraAdapters:
         data = await self._body(request, {"lora_name", "lora_path"})
         name, path = data.get("lora_name"), data.get("lora_path")
         if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
-            raise P.ProtocolError("Both 'lora_name' and 'lora_path' must be provided.")
+            raise ProtocolError("Both 'lora_name' and 'lora_path' must be provided.")
         try:
             check_name(name)
         except LoraAdapterError as exc:
-            raise P.ProtocolError(str(exc), param="lora_name") from exc
+            raise ProtocolError(str(exc), param="lora_name") from exc
         if name in self.adapters or name in self._busy or name == self.tm.served_model_name:
-            raise P.ProtocolError(f"The lora adapter '{name}' has already been loaded.",
+            raise ProtocolError(f"The lora adapter '{name}' has already been loaded.",
                                   param="lora_name")  # fmt: skip
         self._busy.add(name)
         try:
@@ -156,7 +156,7 @@ class LoraAdapters:
             self._next_id += 1
             result = await self._ask(LoadLoraReq(uuid.uuid4().hex, lora_id, name, path))
             if not result.ok:
-                raise P.ProtocolError(result.message, status=result.status, param="lora_path",
+                raise ProtocolError(result.message, status=result.status, param="lora_path",
                                       type="invalid_request_error" if result.status < 500 else "server_error")  # fmt: skip
             self.adapters[name] = Adapter(name, path, lora_id)
             self.load_seconds.append(result.load_seconds)
@@ -169,10 +169,10 @@ class LoraAdapters:
         data = await self._body(request, {"lora_name"})
         name = data.get("lora_name")
         if not isinstance(name, str) or not name:
-            raise P.ProtocolError("'lora_name' must be provided.")
+            raise ProtocolError("'lora_name' must be provided.")
         adapter = self.adapters.get(name)
         if adapter is None or name in self._busy:
-            raise P.ProtocolError(f"The lora adapter '{name}' cannot be found.", status=404,
+            raise ProtocolError(f"The lora adapter '{name}' cannot be found.", status=404,
                                   param="lora_name", code="model_not_found")  # fmt: skip
         self._busy.add(name)  # new requests for it are refused from here on
         deadline = time.monotonic() + self.wait_s
@@ -183,7 +183,7 @@ class LoraAdapters:
                     del self.adapters[name]
                     break
                 if result.status != 409 or time.monotonic() >= deadline:
-                    raise P.ProtocolError(result.message, status=result.status, param="lora_name",
+                    raise ProtocolError(result.message, status=result.status, param="lora_name",
                                           code="adapter_in_use" if result.status == 409 else None)  # fmt: skip
                 await asyncio.sleep(UNLOAD_RETRY_S)  # its requests are still running
         finally:

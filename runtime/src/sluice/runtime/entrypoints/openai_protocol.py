@@ -1,8 +1,5 @@
 """OpenAI-compatible request models and the pure rules that validate them.
 
-Past 500 lines: the errors and the response models still live here beside the requests;
-moving the errors out (issue #35) brings it under.
-
 Requests: `CompletionRequest` (/v1/completions), `ChatCompletionRequest`
 (/v1/chat/completions) and `GenerateRequest` (native /generate, SGLang's shape). Declared
 fields are honoured and type-checked strictly (a string where a number belongs is a 400,
@@ -15,10 +12,10 @@ Choices made where OpenAI, vLLM and SGLang differ:
 - `temperature` >= 0 with no upper bound (vLLM's rule; OpenAI caps at 2); values below
   1e-5 mean greedy. `top_p` in (0, 1]; `top_k` -1 or 0 disables, else >= 1; `min_p` in
   [0, 1]; `repetition_penalty` > 0; `frequency_penalty`/`presence_penalty` in [-2, 2].
-- `stop`: a string or a list of at most `MAX_STOP_STRINGS` (16; OpenAI allows 4, vLLM any
-  number) of at most `MAX_STOP_STRING_CHARS` (256) characters each; empty strings dropped.
-  Every string is looked for after every token, so an unbounded list costs every request
-  in the batch.
+- `stop`: a string or a list of at most `json_types.MAX_STOP_STRINGS` (16; OpenAI allows 4,
+  vLLM any number) of at most `MAX_STOP_STRING_CHARS` (256) characters each; empty strings
+  dropped. Every string is looked for after every token, so an unbounded list costs every
+  request in the batch.
 - `max_tokens` omitted: 16 for /v1/completions (OpenAI, vLLM and SGLang all default to 16
   there), the rest of the context (`context_len - prompt_len`) for chat, and 128 capped to
   the context for /generate. Chat's `max_completion_tokens` wins over `max_tokens`.
@@ -30,186 +27,30 @@ Choices made where OpenAI, vLLM and SGLang differ:
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StrictBool,
-    ValidationError,
-    WithJsonSchema,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from sluice.runtime.entrypoints import request_fields as F
-from sluice.runtime.entrypoints.message_rules import Role, message_param, message_problem
+from sluice.runtime.entrypoints.errors import ProtocolError
+from sluice.runtime.entrypoints.json_types import (
+    SEED_MAX,
+    SEED_MIN,
+    Bool,
+    Float,
+    Int,
+    Prompts,
+    StopList,
+    TokenId,
+)
+from sluice.runtime.entrypoints.message_rules import Role, message_problem
 from sluice.runtime.entrypoints.tools import ToolChoice, ToolDef
 
 MAX_N = 128
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128
 GREEDY_BELOW_TEMPERATURE = 1e-5
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
-MAX_PROMPTS = 1024  # prompts in one batched request
-
-
-# --- errors ---------------------------------------------------------------------------------
-class ProtocolError(Exception):
-    """A request the API refuses; rendered as OpenAI's error JSON with `status`."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        param: str | None = None,
-        code: str | None = None,
-        type: str = "invalid_request_error",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.code = code
-        self.type = type
-        self.headers = headers
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, type=self.type, param=self.param, code=self.code)
-
-
-def error_body(
-    message: str,
-    *,
-    type: str = "invalid_request_error",
-    param: str | None = None,
-    code: str | None = None,
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def from_validation_error(exc: ValidationError) -> ProtocolError:
-    """The first problem pydantic found, as a 400 naming the offending field."""
-    err = exc.errors(include_url=False)[0]
-    loc = ".".join(str(part) for part in err["loc"])
-    param = str(err["loc"][0]) if err["loc"] else None
-    if param == "messages" and len(err["loc"]) >= 3 and isinstance(err["loc"][1], int):
-        param = message_param(err["loc"][1], str(err["loc"][2]))  # OpenAI's messages.[i].field
-    code = "missing_required_parameter" if err["type"] == "missing" else "invalid_value"
-    message = f"{loc}: {err['msg']}" if loc else err["msg"]
-    return ProtocolError(message, param=param, code=code)
-
-
-def model_not_found(model: str) -> ProtocolError:
-    return ProtocolError(
-        f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found"
-    )
-
-
-def not_supported_yet(param: str, what: str) -> ProtocolError:
-    return ProtocolError(
-        f"{param}: {what} is not supported yet by this server.",
-        param=param,
-        code="not_supported_yet",
-    )
-
-
-# --- strict JSON scalar types ---------------------------------------------------------------
-def _number(value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PydanticCustomError("number_type", "Input should be a number")
-    return value
-
-
-def _int64(value: int) -> int:
-    if not SEED_MIN <= value <= SEED_MAX:
-        raise PydanticCustomError("int64", "Input should fit in a signed 64-bit integer")
-    return value
-
-
-def _finite(value: float) -> float:
-    if not math.isfinite(value):  # 1e999 parses as infinity
-        raise PydanticCustomError("finite_number", "Input should be a finite number")
-    return value
-
-
-Int = Annotated[int, BeforeValidator(_number), AfterValidator(_int64)]
-Float = Annotated[float, BeforeValidator(_number), AfterValidator(_finite)]
-Bool = StrictBool
-TokenId = Annotated[Int, Field(ge=0)]
-
-
-MAX_STOP_STRINGS = 16
-MAX_STOP_STRING_CHARS = 256
-
-
-def _stop_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise PydanticCustomError("stop_type", "Input should be a string or a list of strings")
-    stops = [s for s in dict.fromkeys(value) if s]
-    if len(stops) > MAX_STOP_STRINGS:
-        raise PydanticCustomError("too_many_stop_strings", "at most {limit} stop strings",
-                                  {"limit": MAX_STOP_STRINGS})  # fmt: skip
-    if any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
-        raise PydanticCustomError("stop_string_too_long",
-                                  "a stop string has at most {limit} characters",
-                                  {"limit": MAX_STOP_STRING_CHARS})  # fmt: skip
-    return stops
-
-
-def _is_token_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value
-    )
-
-
-def _prompts(value: Any) -> list[str | list[int]]:
-    """One prompt (a string or token ids) or a list of them, as a list."""
-    if isinstance(value, str) or (_is_token_ids(value) and value):
-        return [value]
-    if (
-        isinstance(value, list)
-        and value
-        and all(isinstance(p, str) or (_is_token_ids(p) and p) for p in value)
-    ):
-        if len(value) > MAX_PROMPTS:
-            raise PydanticCustomError(
-                "too_many_prompts", "at most {limit} prompts per request", {"limit": MAX_PROMPTS}
-            )
-        return list(value)
-    raise PydanticCustomError(
-        "prompt_type",
-        "Input should be a string, a non-empty list of token ids, or a list of those",
-    )
-
-
-_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-StopList = Annotated[
-    list[str],
-    BeforeValidator(_stop_list),
-    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}),
-]
-Prompts = Annotated[
-    list[str | list[int]],
-    BeforeValidator(_prompts),
-    WithJsonSchema({"anyOf": [
-        {"type": "string"},
-        _TOKEN_IDS,
-        {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS,
-         "items": {"anyOf": [{"type": "string"}, _TOKEN_IDS]}},
-    ]}),
-]  # fmt: skip
 
 
 class _Strict(BaseModel):

@@ -8,15 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.runtime import features as FEAT
+from sluice.runtime.entrypoints.errors import ProtocolError, not_supported_yet
+from sluice.runtime.entrypoints.json_types import SEED_MIN
 from sluice.runtime.entrypoints.openai_protocol import (
     GREEDY_BELOW_TEMPERATURE,
-    SEED_MIN,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
     NativeSamplingParams,
-    ProtocolError,
-    not_supported_yet,
 )
 from sluice.runtime.ipc.messages import Constraint, FinishReason, SamplingParams
 

@@ -21,11 +21,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from sluice.runtime.entrypoints import logprobs as L
-from sluice.runtime.entrypoints import openai_protocol as P
 from sluice.runtime.entrypoints import openai_responses as R
 from sluice.runtime.entrypoints import request_params as Q
 from sluice.runtime.entrypoints.reasoning import ReasoningSplitter
-from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded
 from sluice.runtime.entrypoints.tool_parsers import StreamDelta, StreamingToolParser
 
 logger = logging.getLogger("sluice.http")
@@ -140,24 +138,6 @@ class SSEResponse(StreamingResponse):
 def sse_event(payload: BaseModel | dict[str, Any]) -> str:
     data = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
     return f"data: {data}\n\n"
-
-
-def as_protocol_error(exc: BaseException) -> P.ProtocolError:
-    if isinstance(exc, P.ProtocolError):
-        return exc
-    if isinstance(exc, Overloaded):
-        return P.ProtocolError(
-            str(exc), status=503, type="server_error", code="server_overloaded",
-            headers={"Retry-After": str(exc.retry_after_s)},
-        )  # fmt: skip
-    if isinstance(exc, EngineDown):
-        return P.ProtocolError(str(exc), status=503, type="server_error", code="engine_down")
-    if isinstance(exc, ValueError):  # the TokenizerManager's up-front rejection
-        return P.ProtocolError(str(exc))
-    logger.error("request failed: %r", exc, exc_info=exc)
-    return P.ProtocolError(
-        "Internal server error.", status=500, type="server_error", code="internal_error"
-    )
 
 
 # --- streamed event formats -----------------------------------------------------------------
