@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from sluice.runtime.kernels import cpu_extension
+from sluice.runtime.model.attention_block import Attention
 from sluice.runtime.model.layers import Linear, RMSNorm, SwiGLUMLP
-from sluice.runtime.model.llama import LlamaAttention
 from sluice.runtime.model.moe import MoE
 from sluice.runtime.model.quantization import W8A8Linear
 
@@ -28,6 +28,6 @@ def enable(model: nn.Module) -> str | None:
     if reason is not None:
         return reason
     for module in model.modules():
-        if isinstance(module, (Linear, RMSNorm, SwiGLUMLP, LlamaAttention, W8A8Linear, MoE)):
+        if isinstance(module, (Linear, RMSNorm, SwiGLUMLP, Attention, W8A8Linear, MoE)):
             module.fused = True
     return None

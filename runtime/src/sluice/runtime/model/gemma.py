@@ -35,6 +35,7 @@ from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.model.architecture import Architecture, WeightRule
+from sluice.runtime.model.attention_block import Attention
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig, RopeScaling
 from sluice.runtime.model.layers import Linear
@@ -90,47 +91,6 @@ def attention_options(config: ModelConfig, layer_id: int) -> LayerAttention:
     )
 
 
-class GemmaAttention(nn.Module):
-    def __init__(
-        self, config: ModelConfig, layer_id: int, device: torch.device | str, dtype: torch.dtype
-    ):
-        super().__init__()
-        self.layer_id = layer_id
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.qkv_proj = Linear(
-            config.hidden_size, config.q_size + 2 * config.kv_size, config.qkv_bias, device, dtype
-        )
-        self.o_proj = Linear(config.q_size, config.hidden_size, config.o_bias, device, dtype)
-        self.qk_norm = config.qk_norm
-        if self.qk_norm:
-            self.q_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps, device, dtype)
-            self.k_norm = GemmaRMSNorm(config.head_dim, config.rms_norm_eps, device, dtype)
-        self.options = attention_options(config, layer_id)
-        self.sliding = config.window_for(layer_id) is not None
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        batch: ForwardBatch,
-        backend: AttentionBackend,
-    ) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope
-        q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        out = backend.forward(q, k, v, self.layer_id, batch, self.options)
-        return self.o_proj(out.reshape(n, self.q_size))
-
-
 class GemmaDecoderLayer(nn.Module):
     def __init__(
         self,
@@ -145,7 +105,11 @@ class GemmaDecoderLayer(nn.Module):
         eps, hidden = config.rms_norm_eps, config.hidden_size
         for name in _NORMS:
             setattr(self, name, GemmaRMSNorm(hidden, eps, device, dtype))
-        self.self_attn = GemmaAttention(config, layer_id, device, dtype)
+        self.self_attn = Attention(
+            config, layer_id, device, dtype, options=attention_options(config, layer_id),
+            norm=GemmaRMSNorm,
+        )  # fmt: skip
+        self.sliding = config.window_for(layer_id) is not None
         self.mlp = GeGLUMLP(hidden, config.intermediate_size, device, dtype)
 
     def forward(
@@ -155,7 +119,8 @@ class GemmaDecoderLayer(nn.Module):
         batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(x), ropes[self.self_attn.sliding], batch, backend)
+        cos, sin = ropes[self.sliding]
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, batch, backend)
         x = x + self.post_attention_layernorm(self.tp.all_reduce(attn))
         mlp = self.mlp(self.pre_feedforward_layernorm(x))
         return x + self.post_feedforward_layernorm(self.tp.all_reduce(mlp))

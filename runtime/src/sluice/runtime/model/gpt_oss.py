@@ -27,11 +27,11 @@ from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.model.architecture import Architecture, WeightRule
+from sluice.runtime.model.attention_block import Attention
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
 from sluice.runtime.model.layers import Linear
 from sluice.runtime.model.llama import attention_rules, common_rules
-from sluice.runtime.model.rotary import RotaryEmbedding
 
 _MXFP4 = re.compile(r"^(.+)_(blocks|scales)$")
 # the FP4 (e2m1) code points, by their 4-bit index
@@ -64,41 +64,6 @@ class GptOssRMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * x32).to(x.dtype)
-
-
-class GptOssAttention(nn.Module):
-    def __init__(
-        self, config: ModelConfig, layer_id: int, device: torch.device | str, dtype: torch.dtype
-    ):
-        super().__init__()
-        self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
-        bias = config.qkv_bias
-        self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias, device, dtype)
-        self.o_proj = Linear(config.q_size, config.hidden_size, bias, device, dtype)
-        self.sinks = nn.Parameter(
-            torch.empty(config.num_attention_heads, device=device, dtype=torch.float32),
-            requires_grad=False,
-        )
-        self.window = config.window_for(layer_id)
-
-    @property
-    def options(self) -> LayerAttention:
-        return LayerAttention(window=self.window, sinks=self.sinks, scale=self.head_dim**-0.5)
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
-        backend: AttentionBackend, options: LayerAttention,
-    ) -> torch.Tensor:  # fmt: skip
-        n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = RotaryEmbedding.apply(q.view(n, self.num_heads, self.head_dim), cos, sin)
-        k = RotaryEmbedding.apply(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
-        out = backend.forward(q, k, v, self.layer_id, batch, options)
-        return self.o_proj(out.reshape(n, self.q_size))
 
 
 class GptOssExperts(nn.Module):
@@ -149,16 +114,16 @@ class GptOssDecoderLayer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = GptOssRMSNorm(config.hidden_size, eps, device, dtype)
-        self.self_attn = GptOssAttention(config, layer_id, device, dtype)
+        options = LayerAttention(window=config.window_for(layer_id), scale=config.head_dim**-0.5)
+        self.self_attn = Attention(config, layer_id, device, dtype, options=options, sinks=True)
         self.post_attention_layernorm = GptOssRMSNorm(config.hidden_size, eps, device, dtype)
         self.mlp = GptOssExperts(config, device, dtype)
-        self.options = self.self_attn.options
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:  # fmt: skip
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, backend, self.options)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -14,64 +14,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from sluice.runtime.attention.base import AttentionBackend, LayerAttention
+from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.model.architecture import Architecture, WeightRule
+from sluice.runtime.model.attention_block import Attention
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
-from sluice.runtime.model.layers import Linear, RMSNorm, SwiGLUMLP
+from sluice.runtime.model.layers import RMSNorm, SwiGLUMLP
 from sluice.runtime.model.moe import MoE
-from sluice.runtime.model.rotary import RotaryEmbedding
-
-
-class LlamaAttention(nn.Module):
-    def __init__(
-        self, config: ModelConfig, layer_id: int, device: torch.device | str, dtype: torch.dtype
-    ):
-        super().__init__()
-        self.layer_id = layer_id
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.q_size = config.q_size
-        self.kv_size = config.kv_size
-        self.fused = False  # rotary embedding as one compiled CPU op (model.cpu_fused_ops)
-        # Mistral's and Qwen2's sliding window, where the config has one
-        self.options = LayerAttention(window=config.window_for(layer_id))
-        self.qkv_proj = Linear(
-            config.hidden_size, config.q_size + 2 * config.kv_size, config.qkv_bias, device, dtype
-        )
-        self.o_proj = Linear(config.q_size, config.hidden_size, config.o_bias, device, dtype)
-        # Qwen3: an RMSNorm over each head's features of q and k, before RoPE
-        self.q_norm = self.k_norm = None
-        if config.qk_norm:
-            eps = config.rms_norm_eps
-            self.q_norm = RMSNorm(config.head_dim, eps, device, dtype)
-            self.k_norm = RMSNorm(config.head_dim, eps, device, dtype)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        batch: ForwardBatch,
-        backend: AttentionBackend,
-    ) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:  # rows of head_dim features
-            q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
-            k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
-        if self.fused:
-            q, k = torch.ops.sluice_cpu.rotary(q, k, cos, sin)
-        else:
-            q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = backend.forward(q, k, v, self.layer_id, batch, self.options)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -87,7 +38,7 @@ class LlamaDecoderLayer(nn.Module):
         self.tp = tp
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, device, dtype)
-        self.self_attn = LlamaAttention(config, layer_id, device, dtype)
+        self.self_attn = Attention(config, layer_id, device, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, device, dtype)
         self.mlp: nn.Module
         if config.moe is not None and layer_id in config.moe.sparse_layers:
@@ -191,4 +142,3 @@ def qk_norm_rules(prefix: str = "model.layers.{layer}.self_attn") -> tuple[Weigh
         WeightRule.literal(f"{prefix}.{n}.weight", f"layers.{{layer}}.self_attn.{n}.weight")
         for n in ("q_norm", "k_norm")
     )
-
