@@ -11,7 +11,13 @@ pytest.importorskip("xgrammar")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_model import make_tokenizer  # noqa: E402
 
-from sluice.runtime.entrypoints import logprobs as L  # noqa: E402
+from sluice.runtime.entrypoints.logprobs import (  # noqa: E402
+    PositionLogprobs,
+    TokenBytes,
+    chat_logprobs,
+    completion_logprobs,
+    generate_logprobs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +27,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def tb(tok):
-    return L.TokenBytes.of(tok)
+    return TokenBytes.of(tok)
 
 
 def byte_fallback_tokenizer():
@@ -44,8 +50,8 @@ def test_split_utf8_tokens_carry_their_own_bytes_which_add_up_to_the_text(tok, t
     text = "日本語 🙂 café"
     ids = tok.encode(text)
     assert any(tok.decode([i]).endswith("\ufffd") for i in ids)  # some tokens split a char
-    positions = [L.PositionLogprobs(i, -1.0) for i in ids]
-    content = L.chat_logprobs(tb, positions, 0).content
+    positions = [PositionLogprobs(i, -1.0) for i in ids]
+    content = chat_logprobs(tb, positions, 0).content
     assert b"".join(bytes(c.bytes) for c in content) == text.encode()
     split = [c for c in content if c.token.startswith("bytes:")]
     assert split and all("\\x" in c.token for c in split)
@@ -54,7 +60,7 @@ def test_split_utf8_tokens_carry_their_own_bytes_which_add_up_to_the_text(tok, t
 
 def test_byte_fallback_tokens_are_their_byte():
     bf = byte_fallback_tokenizer()
-    tb = L.TokenBytes.of(bf)
+    tb = TokenBytes.of(bf)
     ids = bf.encode("a 🙂é", add_special_tokens=False)
     pieces = [bytes(tb.bytes_of(i)) for i in ids]
     assert b"".join(pieces) == " a 🙂é".encode()  # the leading ▁ is a space byte
@@ -65,8 +71,8 @@ def test_byte_fallback_tokens_are_their_byte():
 
 def test_chat_top_logprobs_are_the_k_best_in_order(tok, tb):
     a, b, c = tok.encode("a")[0], tok.encode("b")[0], tok.encode("c")[0]
-    p = L.PositionLogprobs(b, math.log(0.3), [(a, math.log(0.6)), (b, math.log(0.3)), (c, -5.0)])
-    (entry,) = L.chat_logprobs(tb, [p], 2).content
+    p = PositionLogprobs(b, math.log(0.3), [(a, math.log(0.6)), (b, math.log(0.3)), (c, -5.0)])
+    (entry,) = chat_logprobs(tb, [p], 2).content
     assert (entry.token, entry.bytes) == ("b", [ord("b")])
     assert [(t.token, t.logprob, t.bytes) for t in entry.top_logprobs] == [
         ("a", math.log(0.6), [ord("a")]), ("b", math.log(0.3), [ord("b")])
@@ -75,8 +81,8 @@ def test_chat_top_logprobs_are_the_k_best_in_order(tok, tb):
 
 def test_completion_logprobs_have_the_chosen_token_and_k_best(tok, tb):
     ids = tok.encode("Hi 🙂")
-    positions = [L.PositionLogprobs(i, -0.1 * n, [(ids[0], -0.01)]) for n, i in enumerate(ids)]
-    lp = L.completion_logprobs(tb, positions, 1, offset=3)
+    positions = [PositionLogprobs(i, -0.1 * n, [(ids[0], -0.01)]) for n, i in enumerate(ids)]
+    lp = completion_logprobs(tb, positions, 1, offset=3)
     assert lp.token_logprobs == [-0.1 * n for n in range(len(ids))]
     assert all(tb.text_of(i) in top for i, top in zip(ids, lp.top_logprobs, strict=True))
     assert lp.text_offset[0] == 3 and lp.text_offset == sorted(lp.text_offset)
@@ -85,11 +91,11 @@ def test_completion_logprobs_have_the_chosen_token_and_k_best(tok, tb):
 
 def test_tokens_as_ids_and_generate_triples(tok, tb):
     ids = tok.encode("ab")
-    positions = [L.PositionLogprobs(i, -1.0, [(i, -1.0)]) for i in ids]
-    assert [c.token for c in L.chat_logprobs(tb.with_ids(True), positions, 0).content] == [
+    positions = [PositionLogprobs(i, -1.0, [(i, -1.0)]) for i in ids]
+    assert [c.token for c in chat_logprobs(tb.with_ids(True), positions, 0).content] == [
         f"token_id:{i}" for i in ids
     ]
-    chosen, tops = L.generate_logprobs(tb, positions, 1, with_text=True)
+    chosen, tops = generate_logprobs(tb, positions, 1, with_text=True)
     assert chosen == [[-1.0, i, tb.text_of(i)] for i in ids]
     assert tops == [[[-1.0, i, tb.text_of(i)]] for i in ids]
-    assert L.generate_logprobs(tb, positions, 0, with_text=False) == ([[-1.0, i] for i in ids], None)
+    assert generate_logprobs(tb, positions, 0, with_text=False) == ([[-1.0, i] for i in ids], None)

@@ -7,8 +7,8 @@ from fastapi.testclient import TestClient
 from http_fakes import MODEL, FakeTM
 
 from sluice.runtime import features as FEAT
-from sluice.runtime.entrypoints import request_fields as F
 from sluice.runtime.entrypoints.http_server import build_app
+from sluice.runtime.entrypoints.request_fields import COMMON_REFUSED, NO_EFFECT, SAMPLING_REFUSED
 from sluice.runtime.server_args import ServerArgs
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -55,21 +55,21 @@ def assert_400_naming(r, field):
     return err
 
 
-@pytest.mark.parametrize("field", sorted(F.COMMON_REFUSED))
+@pytest.mark.parametrize("field", sorted(COMMON_REFUSED))
 def test_each_refused_field_is_a_400_naming_it(client, tm, field):
     value = ON.get(field, True)
     err = assert_400_naming(client.post("/v1/chat/completions", json={**CHAT, field: value}), field)
-    assert err["code"] == "unsupported_parameter" and F.COMMON_REFUSED[field].reason in err["message"]
+    assert err["code"] == "unsupported_parameter" and COMMON_REFUSED[field].reason in err["message"]
     assert tm.requests == []
 
 
-@pytest.mark.parametrize("field", sorted(F.COMMON_REFUSED))
+@pytest.mark.parametrize("field", sorted(COMMON_REFUSED))
 def test_a_refused_field_with_its_off_value_is_accepted(client, field):
-    off = F.COMMON_REFUSED[field].off[0]
+    off = COMMON_REFUSED[field].off[0]
     assert client.post("/v1/completions", json={**COMPLETION, field: off}).status_code == 200
 
 
-@pytest.mark.parametrize("field", sorted(F.SAMPLING_REFUSED))
+@pytest.mark.parametrize("field", sorted(SAMPLING_REFUSED))
 def test_each_refused_sampling_param_of_generate_is_a_400_naming_it(client, field):
     body = {"text": "hi", "sampling_params": {field: ON.get(field, "x")}}
     assert_400_naming(client.post("/generate", json=body), f"sampling_params.{field}")
@@ -86,7 +86,7 @@ def test_a_misspelt_field_is_a_400_not_ignored(client, path, body):
     assert r.status_code == 400 and r.json()["error"]["param"], r.text
 
 
-@pytest.mark.parametrize("field", sorted(F.NO_EFFECT))
+@pytest.mark.parametrize("field", sorted(NO_EFFECT))
 def test_fields_that_change_nothing_are_accepted(client, field):
     assert client.post("/v1/chat/completions", json={**CHAT, field: "x"}).status_code == 200
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sluice.runtime.constrained import spec as S
+from sluice.runtime.constrained import spec
 from sluice.runtime.ipc.messages import Constraint
 
 
@@ -36,27 +36,27 @@ def _from_response_format(rf: Any) -> Constraint | None:
     if rf.type == "text":
         return None
     if rf.type == "json_object":
-        return Constraint(S.JSON_OBJECT, "")
+        return Constraint(spec.JSON_OBJECT, "")
     if rf.json_schema is None or rf.json_schema.schema_ is None:
         raise ConstraintError(
             "response_format: json_schema needs json_schema.schema", "response_format"
         )
     strict = rf.json_schema.strict is not False
-    return Constraint(S.JSON_SCHEMA, _schema(rf.json_schema.schema_, "response_format"), strict)
+    return Constraint(spec.JSON_SCHEMA, _schema(rf.json_schema.schema_, "response_format"), strict)
 
 
 def _from_structured_outputs(so: Any) -> list[tuple[str, Constraint]]:
     found = []
     if so.json_ is not None:
-        found.append(("structured_outputs.json", S.json_schema(_schema(so.json_, "structured_outputs"))))
+        found.append(("structured_outputs.json", spec.json_schema(_schema(so.json_, "structured_outputs"))))
     if so.regex is not None:
-        found.append(("structured_outputs.regex", Constraint(S.REGEX, so.regex)))
+        found.append(("structured_outputs.regex", Constraint(spec.REGEX, so.regex)))
     if so.choice is not None:
-        found.append(("structured_outputs.choice", S.choice(so.choice)))
+        found.append(("structured_outputs.choice", spec.choice(so.choice)))
     if so.grammar is not None:
-        found.append(("structured_outputs.grammar", S.grammar(so.grammar)))
+        found.append(("structured_outputs.grammar", spec.grammar(so.grammar)))
     if so.json_object:
-        found.append(("structured_outputs.json_object", Constraint(S.JSON_OBJECT, "")))
+        found.append(("structured_outputs.json_object", Constraint(spec.JSON_OBJECT, "")))
     return found
 
 
@@ -74,19 +74,19 @@ def request_constraint(req: Any, prefix: str = "") -> tuple[str, Constraint] | N
         if c is not None:
             found.append(("response_format", c))
     if field("guided_json") is not None:
-        found.append(("guided_json", S.json_schema(_schema(req.guided_json, "guided_json"))))
+        found.append(("guided_json", spec.json_schema(_schema(req.guided_json, "guided_json"))))
     if field("json_schema") is not None:
-        found.append((prefix + "json_schema", S.json_schema(_schema(req.json_schema, "json_schema"))))
+        found.append((prefix + "json_schema", spec.json_schema(_schema(req.json_schema, "json_schema"))))
     if field("guided_regex") is not None:
-        found.append(("guided_regex", Constraint(S.REGEX, req.guided_regex)))
+        found.append(("guided_regex", Constraint(spec.REGEX, req.guided_regex)))
     if field("regex") is not None:
-        found.append((prefix + "regex", Constraint(S.REGEX, req.regex)))
+        found.append((prefix + "regex", Constraint(spec.REGEX, req.regex)))
     if field("guided_choice") is not None:
-        found.append(("guided_choice", S.choice(req.guided_choice)))
+        found.append(("guided_choice", spec.choice(req.guided_choice)))
     if field("guided_grammar") is not None:
-        found.append(("guided_grammar", S.grammar(req.guided_grammar)))
+        found.append(("guided_grammar", spec.grammar(req.guided_grammar)))
     if field("ebnf") is not None:
-        found.append((prefix + "ebnf", Constraint(S.EBNF, req.ebnf)))
+        found.append((prefix + "ebnf", Constraint(spec.EBNF, req.ebnf)))
     if field("structured_outputs") is not None:
         found.extend(_from_structured_outputs(req.structured_outputs))
     if not found:
@@ -96,7 +96,7 @@ def request_constraint(req: Any, prefix: str = "") -> tuple[str, Constraint] | N
         raise ConstraintError(f"give at most one output constraint; got {names}", found[1][0])
     name, constraint = found[0]
     try:
-        S.validate(constraint)
-    except S.GrammarError as exc:
+        spec.validate(constraint)
+    except spec.GrammarError as exc:
         raise ConstraintError(f"{name}: {exc}", name) from exc
     return name, constraint

@@ -32,15 +32,9 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import HEALTH_PATH, LIVE_PATH, METRICS_PATH, SERVER_INFO_PATH
 from sluice.runtime.disconnect import ClientGone, unless_disconnected
-from sluice.runtime.entrypoints import logprobs as L
-from sluice.runtime.entrypoints import openai_protocol as P
-from sluice.runtime.entrypoints import openai_responses as R
 from sluice.runtime.entrypoints import openapi_doc
-from sluice.runtime.entrypoints import reasoning as RS
-from sluice.runtime.entrypoints import request_params as Q
-from sluice.runtime.entrypoints import tools as TL
 from sluice.runtime.entrypoints.constraints import ConstraintError, request_constraint
 from sluice.runtime.entrypoints.errors import (
     ProtocolError,
@@ -52,8 +46,47 @@ from sluice.runtime.entrypoints.errors import (
 )
 from sluice.runtime.entrypoints.http_guards import ApiKeyMiddleware, BodyLimitMiddleware
 from sluice.runtime.entrypoints.json_body import load_json_body
+from sluice.runtime.entrypoints.logprobs import (
+    TokenBytes,
+    chat_logprobs,
+    completion_logprobs,
+    generate_logprobs,
+)
 from sluice.runtime.entrypoints.lora_api import LoraAdapters
+from sluice.runtime.entrypoints.openai_protocol import (
+    AbortRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+)
+from sluice.runtime.entrypoints.openai_responses import (
+    ChatChoice,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    CompletionChoice,
+    CompletionResponse,
+    FunctionCall,
+    ModelCard,
+    ModelList,
+    ToolCall,
+    Usage,
+    generate_body,
+)
+from sluice.runtime.entrypoints.reasoning import ReasoningSplitter, split_reasoning
 from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded, TooManyChoices
+from sluice.runtime.entrypoints.request_params import (
+    Capabilities,
+    capabilities_of,
+    check_capabilities,
+    check_token_ids,
+    finish_reason,
+    kept_stop_text,
+    native_sampling_params,
+    per_choice_params,
+    stop_reason,
+    to_sampling_params,
+    truncate_prompt,
+)
 from sluice.runtime.entrypoints.streaming import (
     SSE_DONE,
     ChatEvents,
@@ -67,12 +100,19 @@ from sluice.runtime.entrypoints.streaming import (
     sse_event,
 )
 from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST
+from sluice.runtime.entrypoints.tools import (
+    ToolError,
+    output_parser,
+    template_message,
+    template_tools,
+    tool_constraint,
+)
 from sluice.runtime.ipc.messages import Constraint, FinishReason, SamplingParams
 from sluice.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sluice.http")
 
-OPEN_PATHS = frozenset({C.HEALTH_PATH, C.LIVE_PATH, C.METRICS_PATH})  # no API key: probes, scrapes
+OPEN_PATHS = frozenset({HEALTH_PATH, LIVE_PATH, METRICS_PATH})  # no API key: probes, scrapes
 T = TypeVar("T")
 
 
@@ -93,7 +133,7 @@ def _fan_out(prompts: list[list[int]], params: list[SamplingParams], ns: list[in
     total = sum(ns)
     for i, (ids, p, n) in enumerate(zip(prompts, params, ns, strict=True)):
         base = rids[i] if rids else (rid if len(prompts) == 1 else f"{rid}-p{i}")
-        for j, q in enumerate(Q.per_choice_params(p, n, random.getrandbits(63))):
+        for j, q in enumerate(per_choice_params(p, n, random.getrandbits(63))):
             job_rid = base if n == 1 else f"{base}-{j}"
             if total == 1:
                 job_rid = base
@@ -109,7 +149,7 @@ class _Server:
         # tokenization and chat templates run here, one at a time (a fast tokenizer is not
         # safe to call from several threads), so a long prompt never stalls the event loop
         self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
-        self._token_bytes: L.TokenBytes | None = None
+        self._token_bytes: TokenBytes | None = None
         self.lora = LoraAdapters(tm, args)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -118,12 +158,12 @@ class _Server:
         return await loop.run_in_executor(self._tokenizing, functools.partial(fn, *args, **kwargs))
 
     @property
-    def caps(self) -> Q.Capabilities:
-        return Q.capabilities_of(self.tm, self.args)
+    def caps(self) -> Capabilities:
+        return capabilities_of(self.tm, self.args)
 
-    def token_bytes(self) -> L.TokenBytes:
+    def token_bytes(self) -> TokenBytes:
         if self._token_bytes is None:
-            self._token_bytes = L.TokenBytes.of(self.tm.tokenizer)
+            self._token_bytes = TokenBytes.of(self.tm.tokenizer)
         return self._token_bytes
 
     # --- steps every generation route takes -------------------------------------------------
@@ -160,7 +200,7 @@ class _Server:
     ) -> list[int]:
         if isinstance(prompt, str):
             return self.tm.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        Q.check_token_ids(prompt, self.tm.vocab_size, param)
+        check_token_ids(prompt, self.tm.vocab_size, param)
         return list(prompt)
 
     def constraint(self, req: Any, prefix: str = "") -> tuple[str, Constraint] | None:
@@ -176,7 +216,7 @@ class _Server:
         several jobs (n > 1) is prefilled once first, so the others reuse it from the
         prefix cache (SGLang's way)."""
         for j in jobs:
-            Q.check_token_ids(j.params.stop_token_ids, self.tm.vocab_size, stop_param)
+            check_token_ids(j.params.stop_token_ids, self.tm.vocab_size, stop_param)
         try:
             self.tm.check_admission(len(jobs))  # all the choices, or none
         except TooManyChoices as exc:
@@ -265,13 +305,13 @@ class _Server:
 
     # --- routes ---------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
-        req = await self.parse(request, P.CompletionRequest)
+        req = await self.parse(request, CompletionRequest)
         model = self.check_model(req.model)
         constraint = self.constraint(req)
         prompt_lp = "prompt_logprobs" if req.prompt_logprobs is not None else None
         if req.echo and req.logprobs is not None:
             raise not_supported_yet("echo", "echo with logprobs (prompt logprobs)")
-        Q.check_capabilities(
+        check_capabilities(
             self.caps, constraint=constraint, top_logprobs=req.top_logprobs_num(),
             top_param="logprobs", priority=req.priority, prompt_logprobs=prompt_lp,
             spaces_between_special_tokens=req.spaces_between_special_tokens,
@@ -281,11 +321,11 @@ class _Server:
         ctx = self.tm.context_len
         encoded = await self.off_loop(lambda: [self.encode(p, req.add_special_tokens) for p in req.prompt])
         prompts = [
-            Q.truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side, ctx)
+            truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side, ctx)
             for ids in encoded
         ]
         c = constraint[1] if constraint else None
-        params = [Q.to_sampling_params(req, len(ids), ctx, c) for ids in prompts]
+        params = [to_sampling_params(req, len(ids), ctx, c) for ids in prompts]
         for p in params:
             p.lora_id = self.lora_id(req.model)
         rid = req.client_rid or f"cmpl-{uuid.uuid4().hex}"
@@ -307,24 +347,24 @@ class _Server:
         for k, c_ in enumerate(collected):
             lp = None
             if req.logprobs is not None:
-                lp = L.completion_logprobs(tb(), c_.positions(), req.logprobs, len(echoes[k]))
-            keep = Q.kept_stop_text(c_.last.finished, req.keep_stop_string)
+                lp = completion_logprobs(tb(), c_.positions(), req.logprobs, len(echoes[k]))
+            keep = kept_stop_text(c_.last.finished, req.keep_stop_string)
             choices.append(
-                R.CompletionChoice(
+                CompletionChoice(
                     index=k,
                     text=echoes[k] + c_.text + keep,
                     logprobs=lp,
-                    finish_reason=Q.finish_reason(c_.last.finished),
-                    stop_reason=Q.stop_reason(c_.last.finished),
+                    finish_reason=finish_reason(c_.last.finished),
+                    stop_reason=stop_reason(c_.last.finished),
                     token_ids=c_.token_ids if req.return_token_ids else None,
                     prompt_token_ids=jobs[k].ids if req.return_token_ids else None,
                 )
             )
         usage = usage_of([c_.last for c_ in collected], req.n)
-        body = R.CompletionResponse(id=rid, model=model, choices=choices, usage=usage)
+        body = CompletionResponse(id=rid, model=model, choices=choices, usage=usage)
         return JSONResponse(body.model_dump())
 
-    def chat_prompt(self, req: P.ChatCompletionRequest) -> list[int]:
+    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         if req.input_ids is not None:  # SGLang: token ids instead of the template
             return self.encode(req.input_ids, param="input_ids")
         kwargs = dict(req.chat_template_kwargs or {})
@@ -333,8 +373,8 @@ class _Server:
                 kwargs[name] = getattr(req, name)
         try:
             prompt = self.tm.tokenizer.apply_chat_template(
-                [TL.template_message(m) for m in req.messages],
-                tools=TL.template_tools(req.tools),
+                [template_message(m) for m in req.messages],
+                tools=template_tools(req.tools),
                 add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message,
                 tokenize=False,
@@ -346,13 +386,13 @@ class _Server:
         return self.encode(prompt, add_special_tokens=req.add_special_tokens)
 
     async def chat(self, request: Request) -> Response:
-        req = await self.parse(request, P.ChatCompletionRequest)
+        req = await self.parse(request, ChatCompletionRequest)
         model = self.check_model(req.model)
         choice = req.effective_tool_choice
         try:
-            forced = TL.tool_constraint(req.tools, choice, req.parallel_tool_calls)
-            parser = TL.output_parser(req.tools, choice, self.args.tool_call_parser)
-        except TL.ToolError as exc:
+            forced = tool_constraint(req.tools, choice, req.parallel_tool_calls)
+            parser = output_parser(req.tools, choice, self.args.tool_call_parser)
+        except ToolError as exc:
             raise ProtocolError(str(exc), param=exc.param) from exc
         constraint = self.constraint(req)
         if forced is not None:
@@ -363,7 +403,7 @@ class _Server:
                     param="tool_choice",
                 )
             constraint = ("tool_choice", forced)
-        Q.check_capabilities(
+        check_capabilities(
             self.caps, constraint=constraint, top_logprobs=req.top_logprobs_num(),
             top_param="top_logprobs", priority=req.priority,
             prompt_logprobs="prompt_logprobs" if req.prompt_logprobs is not None else None,
@@ -372,9 +412,9 @@ class _Server:
         if req.prompt_logprobs is not None:
             raise not_supported_yet("prompt_logprobs", "vLLM's prompt_logprobs")
         ctx = self.tm.context_len
-        ids = Q.truncate_prompt(await self.off_loop(self.chat_prompt, req),
+        ids = truncate_prompt(await self.off_loop(self.chat_prompt, req),
                                 req.truncate_prompt_tokens, req.truncation_side, ctx)  # fmt: skip
-        params = Q.to_sampling_params(req, len(ids), ctx, constraint[1] if constraint else None)
+        params = to_sampling_params(req, len(ids), ctx, constraint[1] if constraint else None)
         params.lora_id = self.lora_id(req.model)
         rid = req.client_rid or f"chatcmpl-{uuid.uuid4().hex}"
         jobs = _fan_out([ids], [params], [req.n], rid)
@@ -386,17 +426,17 @@ class _Server:
         reasoning = bool(self.args.reasoning_parser) and req.separate_reasoning
         if req.stream:
             parsers = [parser.streaming() if parser else None for _ in jobs]
-            splitters = [RS.ReasoningSplitter() if reasoning else None for _ in jobs]
+            splitters = [ReasoningSplitter() if reasoning else None for _ in jobs]
             fmt = ChatEvents(rid, model, req.n, top, tb, parsers, echo, req.keep_stop_string,
                              req.continuous_usage, req.parallel_tool_calls, splitters)  # fmt: skip
             return SSEResponse(self.events(streams, fmt, req.n, req.include_usage, True, req.n))
         collected = await self.collect(request, streams, req.n)
         choices = []
         for i, c in enumerate(collected):
-            text = c.text + Q.kept_stop_text(c.last.finished, req.keep_stop_string)
+            text = c.text + kept_stop_text(c.last.finished, req.keep_stop_string)
             thought = None
             if reasoning:
-                split = RS.split_reasoning(text)
+                split = split_reasoning(text)
                 thought, text = split.reasoning, split.content
             content, calls = text, []
             if parser is not None:
@@ -404,26 +444,26 @@ class _Server:
                 content, calls = parsed.content, parsed.tool_calls
                 if not req.parallel_tool_calls:
                     calls = calls[:1]
-            message = R.ChatResponseMessage(
+            message = ChatResponseMessage(
                 content=(echo + content) if content is not None else (echo or None),
                 reasoning_content=thought,
                 tool_calls=[
-                    R.ToolCall(id=t.id, function=R.FunctionCall(name=t.name, arguments=t.arguments))
+                    ToolCall(id=t.id, function=FunctionCall(name=t.name, arguments=t.arguments))
                     for t in calls
                 ] or None,
             )
             choices.append(
-                R.ChatChoice(
+                ChatChoice(
                     index=i,
                     message=message,
-                    logprobs=L.chat_logprobs(tb(), c.positions(), top) if top is not None else None,
-                    finish_reason=Q.finish_reason(c.last.finished, bool(calls)),
-                    stop_reason=Q.stop_reason(c.last.finished),
+                    logprobs=chat_logprobs(tb(), c.positions(), top) if top is not None else None,
+                    finish_reason=finish_reason(c.last.finished, bool(calls)),
+                    stop_reason=stop_reason(c.last.finished),
                     token_ids=c.token_ids if req.return_token_ids else None,
                 )
             )
         usage = usage_of([c.last for c in collected], req.n)
-        body = R.ChatCompletionResponse(
+        body = ChatCompletionResponse(
             id=rid, model=model, choices=choices, usage=usage,
             prompt_token_ids=ids if req.return_token_ids else None,
         )  # fmt: skip
@@ -432,7 +472,7 @@ class _Server:
     async def generate(self, request: Request) -> Response:
         """Native /generate in SGLang's shape: one prompt or a list (then a list of
         outputs, prompt-major, n per prompt); an abort is reported in band."""
-        req = await self.parse(request, P.GenerateRequest)
+        req = await self.parse(request, GenerateRequest)
         prompts = req.prompts()
         sps = req.sampling_params * len(prompts) if len(req.sampling_params) == 1 else req.sampling_params
         ctx = self.tm.context_len
@@ -441,7 +481,7 @@ class _Server:
         ids_list, params = [], []
         for prompt, sp, lora in zip(prompts, sps, loras, strict=True):
             constraint = self.constraint(sp, "sampling_params.")
-            Q.check_capabilities(
+            check_capabilities(
                 self.caps, constraint=constraint,
                 top_logprobs=req.top_logprobs_num if req.return_logprob else 0,
                 top_param="top_logprobs_num", priority=req.priority,
@@ -451,7 +491,7 @@ class _Server:
             )  # fmt: skip
             ids = await self.off_loop(self.encode, prompt, param=param)
             ids_list.append(ids)
-            params.append(Q.native_sampling_params(
+            params.append(native_sampling_params(
                 req, sp, len(ids), ctx, constraint[1] if constraint else None))  # fmt: skip
             params[-1].lora_id = lora
         rids = None
@@ -468,11 +508,11 @@ class _Server:
         collected = await self.collect(request, streams, len(jobs), abort_is_error=False)
         bodies = []
         for job, c, k in zip(jobs, collected, keep, strict=True):
-            text = c.text + Q.kept_stop_text(c.last.finished, k)
-            bodies.append(R.generate_body(job.rid, text, c.token_ids, meta(c), c.last))
+            text = c.text + kept_stop_text(c.last.finished, k)
+            bodies.append(generate_body(job.rid, text, c.token_ids, meta(c), c.last))
         return JSONResponse(bodies if batched else bodies[0])
 
-    def generate_loras(self, req: P.GenerateRequest, n: int) -> list[int]:
+    def generate_loras(self, req: GenerateRequest, n: int) -> list[int]:
         """Per prompt, the adapter id SGLang's `lora_path` (one, or one per prompt; an
         adapter's name or folder) or `lora_name` names (0: the base model)."""
         wanted: list[str | None] = [req.lora_name] * n
@@ -493,13 +533,13 @@ class _Server:
             ids.append(adapter.lora_id)
         return ids
 
-    def generate_meta(self, req: P.GenerateRequest) -> Callable[[Collected], dict[str, Any] | None]:
+    def generate_meta(self, req: GenerateRequest) -> Callable[[Collected], dict[str, Any] | None]:
         def meta(c: Collected) -> dict[str, Any] | None:
             if not req.return_logprob:
                 return None
             tb = self.token_bytes()
             k = req.top_logprobs_num
-            chosen, tops = L.generate_logprobs(tb, c.positions(), k, req.return_text_in_logprobs)
+            chosen, tops = generate_logprobs(tb, c.positions(), k, req.return_text_in_logprobs)
             out: dict[str, Any] = {"output_token_logprobs": chosen}
             if tops is not None:
                 out["output_top_logprobs"] = tops
@@ -511,18 +551,18 @@ class _Server:
 
     async def abort_request(self, request: Request) -> Response:
         """SGLang's POST /abort_request: {"rid": ...} or {"abort_all": true}."""
-        req = await self.parse(request, P.AbortRequest)
+        req = await self.parse(request, AbortRequest)
         rids = self.tm.abort_all() if req.abort_all else self.tm.abort(req.rid)
         return JSONResponse({"aborted": rids})
 
     def models(self) -> dict[str, Any]:
-        card = R.ModelCard(
+        card = ModelCard(
             id=self.tm.served_model_name,
             created=self.created,
             root=self.args.model,
             max_model_len=self.tm.context_len,
         )
-        body = R.ModelList(data=[card]).model_dump()
+        body = ModelList(data=[card]).model_dump()
         body["data"] += self.lora.cards(self.tm.served_model_name)
         return body
 
@@ -563,12 +603,12 @@ def _is_failure(reason: FinishReason | None, abort_is_error: bool) -> bool:
     return abort_is_error and reason.kind == "abort" and reason.message != ABORTED_BY_REQUEST
 
 
-def usage_of(finals: list[Any], n: int = 1) -> R.Usage:
+def usage_of(finals: list[Any], n: int = 1) -> Usage:
     """Usage from each choice's last chunk: each prompt counted once (its n choices share
     it, as OpenAI counts them), completion tokens summed."""
     prompts = finals[::n]
     completion = sum(c.completion_tokens for c in finals)
-    return R.Usage.of(
+    return Usage.of(
         sum(c.prompt_tokens for c in prompts), completion, sum(c.cached_tokens for c in prompts)
     )
 
@@ -601,11 +641,11 @@ def build_app(
         app.add_api_route(
             path, handler, methods=["POST"], openapi_extra=openapi_doc.request_body(path)
         )
-    app.add_api_route(C.HEALTH_PATH, server.health, methods=["GET"])
-    app.add_api_route(C.LIVE_PATH, server.live, methods=["GET"])
-    app.add_api_route(C.SERVER_INFO_PATH, server.server_info, methods=["GET"])
+    app.add_api_route(HEALTH_PATH, server.health, methods=["GET"])
+    app.add_api_route(LIVE_PATH, server.live, methods=["GET"])
+    app.add_api_route(SERVER_INFO_PATH, server.server_info, methods=["GET"])
     if metrics_handler is not None:
-        app.add_api_route(C.METRICS_PATH, metrics_handler, methods=["GET"])
+        app.add_api_route(METRICS_PATH, metrics_handler, methods=["GET"])
 
     @app.exception_handler(ProtocolError)
     async def _refused(request: Request, exc: ProtocolError) -> Response:

@@ -20,7 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.runtime.entrypoints import openai_responses as R
+from sluice.runtime.entrypoints.openai_responses import (
+    ChatLogprobs,
+    ChatLogprobToken,
+    CompletionLogprobs,
+    TopLogprob,
+)
 
 
 @dataclass(frozen=True)
@@ -66,28 +71,28 @@ class TokenBytes:
         return text
 
 
-def chat_logprobs(tb: TokenBytes, positions: Sequence[PositionLogprobs], k: int) -> R.ChatLogprobs:
+def chat_logprobs(tb: TokenBytes, positions: Sequence[PositionLogprobs], k: int) -> ChatLogprobs:
     """`choices[].logprobs` of a chat completion: `content[]` with `top_logprobs` (k best)."""
     content = []
     for p in positions:
         tops = [
-            R.TopLogprob(token=tb.text_of(t), logprob=lp, bytes=list(tb.bytes_of(t)))
+            TopLogprob(token=tb.text_of(t), logprob=lp, bytes=list(tb.bytes_of(t)))
             for t, lp in p.top[:k]
         ]
         content.append(
-            R.ChatLogprobToken(
+            ChatLogprobToken(
                 token=tb.text_of(p.token_id),
                 logprob=p.logprob if p.logprob is not None else float("-inf"),
                 bytes=list(tb.bytes_of(p.token_id)),
                 top_logprobs=tops,
             )
         )
-    return R.ChatLogprobs(content=content)
+    return ChatLogprobs(content=content)
 
 
 def completion_logprobs(
     tb: TokenBytes, positions: Sequence[PositionLogprobs], k: int, offset: int
-) -> R.CompletionLogprobs:
+) -> CompletionLogprobs:
     """`choices[].logprobs` of a completion: tokens, token_logprobs, top_logprobs (the
     chosen token plus the k best, as vLLM returns them), text_offset from `offset`."""
     tokens, offsets, tops = [], [], []
@@ -99,7 +104,7 @@ def completion_logprobs(
         best = {tb.text_of(t): lp for t, lp in p.top[:k]}
         best.setdefault(tb.text_of(p.token_id), p.logprob if p.logprob is not None else 0.0)
         tops.append(best)
-    return R.CompletionLogprobs(
+    return CompletionLogprobs(
         tokens=tokens,
         token_logprobs=[p.logprob for p in positions],
         top_logprobs=tops,

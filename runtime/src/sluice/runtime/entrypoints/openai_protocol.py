@@ -32,7 +32,6 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from sluice.runtime.entrypoints import request_fields as F
 from sluice.runtime.entrypoints.errors import ProtocolError
 from sluice.runtime.entrypoints.json_types import (
     SEED_MAX,
@@ -45,6 +44,12 @@ from sluice.runtime.entrypoints.json_types import (
     TokenId,
 )
 from sluice.runtime.entrypoints.message_rules import Role, message_problem
+from sluice.runtime.entrypoints.request_fields import (
+    COMMON_REFUSED,
+    SAMPLING_REFUSED,
+    Refused,
+    unsupported_field,
+)
 from sluice.runtime.entrypoints.tools import ToolChoice, ToolDef
 
 MAX_N = 128
@@ -69,7 +74,7 @@ class _Request(BaseModel):
     """A request body. Extra fields are kept so that `unsupported()` can name them."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, json_schema_extra=_closed)
-    REFUSED: ClassVar[dict[str, F.Refused]] = F.COMMON_REFUSED
+    REFUSED: ClassVar[dict[str, Refused]] = COMMON_REFUSED
 
     @model_validator(mode="before")
     @classmethod
@@ -80,7 +85,7 @@ class _Request(BaseModel):
         return data
 
     def unsupported(self) -> ProtocolError | None:
-        found = F.unsupported_field(self.model_extra or {}, self.REFUSED)
+        found = unsupported_field(self.model_extra or {}, self.REFUSED)
         if found is None:
             return None
         name, message = found
@@ -319,7 +324,7 @@ class ChatCompletionRequest(_SamplingRequest):
 class NativeSamplingParams(_Request):
     """`sampling_params` of /generate, named as in SGLang."""
 
-    REFUSED: ClassVar[dict[str, F.Refused]] = F.SAMPLING_REFUSED
+    REFUSED: ClassVar[dict[str, Refused]] = SAMPLING_REFUSED
     max_new_tokens: Int | None = Field(None, ge=1)
     min_new_tokens: Int = Field(0, ge=0)
     n: Int = Field(1, ge=1, le=MAX_N)
@@ -381,7 +386,7 @@ class GenerateRequest(_Request):
     def unsupported(self) -> ProtocolError | None:
         problem = super().unsupported()
         for sp in self.sampling_params:
-            found = F.unsupported_field(sp.model_extra or {}, sp.REFUSED, "sampling_params.")
+            found = unsupported_field(sp.model_extra or {}, sp.REFUSED, "sampling_params.")
             if problem is None and found is not None:
                 name, message = found
                 problem = ProtocolError(message, param=name, code="unsupported_parameter")

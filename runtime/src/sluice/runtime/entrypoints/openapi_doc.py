@@ -14,18 +14,23 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from sluice.runtime.entrypoints import openai_protocol as P
 from sluice.runtime.entrypoints.lora_api import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
+from sluice.runtime.entrypoints.openai_protocol import (
+    AbortRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+)
 
 OPENAPI_PATH = "/openapi.json"
 REF = "#/components/schemas/{model}"
 
 # route -> the model its JSON body must match
 BODY_MODELS: dict[str, type[BaseModel]] = {
-    "/v1/completions": P.CompletionRequest,
-    "/v1/chat/completions": P.ChatCompletionRequest,
-    "/generate": P.GenerateRequest,
-    "/abort_request": P.AbortRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/generate": GenerateRequest,
+    "/abort_request": AbortRequest,
     "/v1/load_lora_adapter": LoadLoraAdapterRequest,
     "/v1/unload_lora_adapter": UnloadLoraAdapterRequest,
 }
@@ -107,7 +112,7 @@ def install(app: FastAPI, version: str | None = None, vocab_size: int | None = N
                 schema = _standard(model.model_json_schema(ref_template=REF))
                 schemas.update(schema.pop("$defs", {}))
                 schemas[model.__name__] = schema
-            schemas[P.GenerateRequest.__name__].update(_prompt_rules(vocab_size))
+            schemas[GenerateRequest.__name__].update(_prompt_rules(vocab_size))
             app.openapi_schema = doc
         return app.openapi_schema
 

@@ -7,7 +7,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.runtime import features as FEAT
 from sluice.runtime.entrypoints.errors import ProtocolError, not_supported_yet
 from sluice.runtime.entrypoints.json_types import SEED_MIN
 from sluice.runtime.entrypoints.openai_protocol import (
@@ -16,6 +15,12 @@ from sluice.runtime.entrypoints.openai_protocol import (
     CompletionRequest,
     GenerateRequest,
     NativeSamplingParams,
+)
+from sluice.runtime.features import (
+    CONSTRAINED,
+    PROMPT_LOGPROBS,
+    SPACES_BETWEEN_SPECIAL_TOKENS,
+    TOP_LOGPROBS,
 )
 from sluice.runtime.ipc.messages import Constraint, FinishReason, SamplingParams
 
@@ -92,18 +97,18 @@ def check_capabilities(
     prompt_logprobs: str | None = None,
 ) -> None:
     """Refuse, naming the field, what the scheduler does not implement (yet)."""
-    if constraint is not None and FEAT.CONSTRAINED not in caps.features:
+    if constraint is not None and CONSTRAINED not in caps.features:
         raise not_supported_yet(constraint[0], "constrained decoding")
     if top_logprobs > caps.max_top_logprobs:
         raise ProtocolError(
             f"{top_param} must be at most {caps.max_top_logprobs} (--max-top-logprobs)",
             param=top_param,
         )
-    if top_logprobs > 0 and FEAT.TOP_LOGPROBS not in caps.features:
+    if top_logprobs > 0 and TOP_LOGPROBS not in caps.features:
         raise not_supported_yet(top_param, "top-k logprobs (only the chosen token's, k = 0)")
-    if prompt_logprobs is not None and FEAT.PROMPT_LOGPROBS not in caps.features:
+    if prompt_logprobs is not None and PROMPT_LOGPROBS not in caps.features:
         raise not_supported_yet(prompt_logprobs, "prompt logprobs")
-    if not spaces_between_special_tokens and FEAT.SPACES_BETWEEN_SPECIAL_TOKENS not in caps.features:
+    if not spaces_between_special_tokens and SPACES_BETWEEN_SPECIAL_TOKENS not in caps.features:
         raise not_supported_yet("spaces_between_special_tokens", "false")
     if priority != 0 and caps.schedule_policy != "priority":
         raise ProtocolError(

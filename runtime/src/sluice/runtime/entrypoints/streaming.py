@@ -11,25 +11,36 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import anyio
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from sluice.runtime.entrypoints import logprobs as L
-from sluice.runtime.entrypoints import openai_responses as R
-from sluice.runtime.entrypoints import request_params as Q
+from sluice.runtime.entrypoints.logprobs import (
+    PositionLogprobs,
+    TokenBytes,
+    chat_logprobs,
+    completion_logprobs,
+)
+from sluice.runtime.entrypoints.openai_responses import (
+    ChatCompletionChunk,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionResponse,
+    DeltaFunction,
+    DeltaMessage,
+    DeltaToolCall,
+    Usage,
+    generate_body,
+)
 from sluice.runtime.entrypoints.reasoning import ReasoningSplitter
+from sluice.runtime.entrypoints.request_params import finish_reason, kept_stop_text, stop_reason
 from sluice.runtime.entrypoints.tool_parsers import StreamDelta, StreamingToolParser
 
-logger = logging.getLogger("sluice.http")
-
 SSE_DONE = "data: [DONE]\n\n"
-T = TypeVar("T")
 Chunk = Any  # tokenizer_manager.GenerateChunk, duck-typed so tests can script a fake
 
 
@@ -98,15 +109,15 @@ class Collected:
         self.input_logprobs += getattr(chunk, "input_logprobs", None) or []
         self.last = chunk
 
-    def positions(self) -> list[L.PositionLogprobs]:
+    def positions(self) -> list[PositionLogprobs]:
         return positions_of(self)
 
 
-def positions_of(chunk: Any) -> list[L.PositionLogprobs]:
+def positions_of(chunk: Any) -> list[PositionLogprobs]:
     """A chunk's (or a Collected's) tokens as logprob positions."""
     tops = getattr(chunk, "top_logprobs", None) or []
     return [
-        L.PositionLogprobs(t, lp, tops[i] if i < len(tops) else ())
+        PositionLogprobs(t, lp, tops[i] if i < len(tops) else ())
         for i, (t, lp) in enumerate(zip(chunk.token_ids, chunk.logprobs, strict=False))
     ]
 
@@ -147,20 +158,20 @@ class EventFormat(Protocol):
 
     def prelude(self) -> list[str]: ...
     def on_chunk(self, index: int, chunk: Chunk) -> list[str]: ...
-    def usage(self, usage: R.Usage) -> str: ...
+    def usage(self, usage: Usage) -> str: ...
 
 
-def usage_of_chunk(chunk: Chunk) -> R.Usage:
-    return R.Usage.of(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
+def usage_of_chunk(chunk: Chunk) -> Usage:
+    return Usage.of(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
 
 
-def delta_tool_calls(d: StreamDelta, parallel: bool) -> list[R.DeltaToolCall]:
+def delta_tool_calls(d: StreamDelta, parallel: bool) -> list[DeltaToolCall]:
     return [
-        R.DeltaToolCall(
+        DeltaToolCall(
             index=c.index,
             id=c.id,
             type="function" if c.id is not None else None,
-            function=R.DeltaFunction(name=c.name, arguments=c.arguments),
+            function=DeltaFunction(name=c.name, arguments=c.arguments),
         )
         for c in d.tool_calls
         if parallel or c.index == 0
@@ -175,7 +186,7 @@ class ChatEvents:
     model: str
     n: int
     logprobs: int | None  # top-k per position; None: no logprobs
-    token_bytes: Callable[[], L.TokenBytes]
+    token_bytes: Callable[[], TokenBytes]
     parsers: list[StreamingToolParser | None]
     echo: str = ""
     keep_stop: bool = False
@@ -185,23 +196,23 @@ class ChatEvents:
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     called: set[int] = dataclasses.field(default_factory=set)
 
-    def _event(self, choices: list[R.ChatStreamChoice], usage: R.Usage | None = None) -> str:
-        chunk = R.ChatCompletionChunk(
+    def _event(self, choices: list[ChatStreamChoice], usage: Usage | None = None) -> str:
+        chunk = ChatCompletionChunk(
             id=self.rid, created=self.created, model=self.model, choices=choices, usage=usage
         )
         return sse_event(chunk)
 
     def prelude(self) -> list[str]:
-        role = R.DeltaMessage(role="assistant", content=self.echo)
-        return [self._event([R.ChatStreamChoice(index=i, delta=role)]) for i in range(self.n)]
+        role = DeltaMessage(role="assistant", content=self.echo)
+        return [self._event([ChatStreamChoice(index=i, delta=role)]) for i in range(self.n)]
 
     def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
         events = []
         usage = usage_of_chunk(chunk) if self.continuous_usage else None
-        text = chunk.text + Q.kept_stop_text(chunk.finished, self.keep_stop)
+        text = chunk.text + kept_stop_text(chunk.finished, self.keep_stop)
         lp = None
         if self.logprobs is not None:
-            lp = L.chat_logprobs(self.token_bytes(), positions_of(chunk), self.logprobs)
+            lp = chat_logprobs(self.token_bytes(), positions_of(chunk), self.logprobs)
         thought = ""
         splitter = self.splitters[index] if self.splitters else None
         if splitter is not None:
@@ -221,24 +232,24 @@ class ChatEvents:
             if calls:
                 self.called.add(index)
         if content or calls or thought or (lp is not None and chunk.token_ids):
-            delta = R.DeltaMessage(
+            delta = DeltaMessage(
                 content=content or None, reasoning_content=thought or None, tool_calls=calls or None
             )
             if not (content or calls or thought):
-                delta = R.DeltaMessage(content="")
-            choice = R.ChatStreamChoice(index=index, delta=delta, logprobs=lp)
+                delta = DeltaMessage(content="")
+            choice = ChatStreamChoice(index=index, delta=delta, logprobs=lp)
             events.append(self._event([choice], usage))
         if chunk.finished is not None:
-            end_choice = R.ChatStreamChoice(
+            end_choice = ChatStreamChoice(
                 index=index,
-                delta=R.DeltaMessage(),
-                finish_reason=Q.finish_reason(chunk.finished, index in self.called),
-                stop_reason=Q.stop_reason(chunk.finished),
+                delta=DeltaMessage(),
+                finish_reason=finish_reason(chunk.finished, index in self.called),
+                stop_reason=stop_reason(chunk.finished),
             )
             events.append(self._event([end_choice], usage))
         return events
 
-    def usage(self, usage: R.Usage) -> str:
+    def usage(self, usage: Usage) -> str:
         return self._event([], usage)
 
 
@@ -249,14 +260,14 @@ class CompletionEvents:
     n: int  # choices in all (prompts x n)
     logprobs: int | None
     echoes: list[str]  # per choice
-    token_bytes: Callable[[], L.TokenBytes]
+    token_bytes: Callable[[], TokenBytes]
     keep_stop: bool = False
     continuous_usage: bool = False
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     offsets: list[int] = dataclasses.field(default_factory=list)
 
-    def _event(self, choices: list[R.CompletionChoice], usage: R.Usage | None = None) -> str:
-        response = R.CompletionResponse(
+    def _event(self, choices: list[CompletionChoice], usage: Usage | None = None) -> str:
+        response = CompletionResponse(
             id=self.rid, created=self.created, model=self.model, choices=choices, usage=usage
         )
         return sse_event(response)
@@ -264,7 +275,7 @@ class CompletionEvents:
     def prelude(self) -> list[str]:
         self.offsets = [len(e) for e in self.echoes]
         return [
-            self._event([R.CompletionChoice(index=i, text=e)])
+            self._event([CompletionChoice(index=i, text=e)])
             for i, e in enumerate(self.echoes)
             if e
         ]
@@ -272,24 +283,24 @@ class CompletionEvents:
     def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
         lp = None
         if self.logprobs is not None:
-            lp = L.completion_logprobs(
+            lp = completion_logprobs(
                 self.token_bytes(), positions_of(chunk), self.logprobs, self.offsets[index]
             )
             self.offsets[index] += len(chunk.text)
-        text = chunk.text + Q.kept_stop_text(chunk.finished, self.keep_stop)
+        text = chunk.text + kept_stop_text(chunk.finished, self.keep_stop)
         if not (text or chunk.finished is not None or (lp is not None and lp.tokens)):
             return []
-        choice = R.CompletionChoice(
+        choice = CompletionChoice(
             index=index,
             text=text,
             logprobs=lp,
-            finish_reason=Q.finish_reason(chunk.finished),
-            stop_reason=Q.stop_reason(chunk.finished),
+            finish_reason=finish_reason(chunk.finished),
+            stop_reason=stop_reason(chunk.finished),
         )
         usage = usage_of_chunk(chunk) if self.continuous_usage else None
         return [self._event([choice], usage)]
 
-    def usage(self, usage: R.Usage) -> str:
+    def usage(self, usage: Usage) -> str:
         return self._event([], usage)
 
 
@@ -311,11 +322,11 @@ class GenerateEvents:
     def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
         c = self.so_far[index]
         c.add(chunk)
-        text = c.text + Q.kept_stop_text(chunk.finished, self.keep_stop[index])
-        body = R.generate_body(self.rids[index], text, c.token_ids, self.meta(c), chunk)
+        text = c.text + kept_stop_text(chunk.finished, self.keep_stop[index])
+        body = generate_body(self.rids[index], text, c.token_ids, self.meta(c), chunk)
         if self.batched:
             body["index"] = index
         return [sse_event(body)]
 
-    def usage(self, usage: R.Usage) -> str:  # the counts are in every event already
+    def usage(self, usage: Usage) -> str:  # the counts are in every event already
         return ""
