@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from sluice.runtime.engine.engine_faults import EngineUnusable, is_unrecoverable
+from sluice.runtime.ipc.messages import FinishReason
+from sluice.runtime.scheduler.faults import EngineDead
 from sluice.runtime.testing.fault_injection import (
     ENV_FAULTS,
     FaultInjectingExecutor,
@@ -21,8 +23,6 @@ from sluice.runtime.testing.fault_injection import (
     InjectedFatalFault,
     InjectedFault,
 )
-from sluice.runtime.ipc.messages import FinishReason
-from sluice.runtime.scheduler.faults import EngineDead
 
 POISON = 77
 PREFIX = [11, 12, 13, 14, 15, 16, 17, 18]  # two full pages of 4
@@ -191,7 +191,7 @@ def test_an_unrecoverable_fault_raises_engine_dead_and_every_request_is_answered
     }  # fmt: skip
     assert h.finished["queued"].message == "going down"
     h.scheduler.executor.close()
-    h.scheduler._requests.clear()  # noqa: SLF001 - dead: nothing to give back
+    h.scheduler.intake.requests.clear()  # dead: nothing to give back
 
 
 @LOOPS

@@ -54,6 +54,19 @@ def test_stop_strings_are_matched_in_the_text_the_request_asked_for():
 
 
 def test_unseeded_requests_draw_fresh_randomness_unless_a_seed_is_given(make_harness):
-    assert isinstance(make_harness().scheduler._rng, random.SystemRandom)
-    fixed = [make_harness(random_seed=5).scheduler._rng.getrandbits(63) for _ in range(2)]
+    assert isinstance(make_harness().scheduler.intake._rng, random.SystemRandom)
+    fixed = [make_harness(random_seed=5).scheduler.intake._rng.getrandbits(63) for _ in range(2)]
     assert fixed[0] == fixed[1]  # --random-seed 5: restarts repeat
+
+
+def test_a_request_past_the_context_is_capped_on_its_own_copy_of_the_parameters(make_harness):
+    """The scheduler caps max_new_tokens to the room left in the context; the message it was
+    handed (which tensor-parallel ranks replay, and the sender may keep) stays as sent."""
+    from sluice.runtime.ipc.messages import TokenizedGenerateReq
+
+    h = make_harness(max_context_len=16)
+    params = SamplingParams(temperature=0.0, max_new_tokens=100, ignore_eos=True)
+    h.scheduler.handle(TokenizedGenerateReq("long", [5, 6, 7, 8, 9, 10], params))
+    assert params.max_new_tokens == 100
+    h.run_until_idle()
+    assert len(h.outputs["long"]) == 16 - 6  # the room the context left

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sluice.runtime.forward import ForwardMode
-from sluice.runtime.ipc.messages import BatchTokenIDOut, DetokenizeParams, TokenUpdate
+from sluice.runtime.ipc.messages import (
+    BatchTokenIDOut,
+    DetokenizeParams,
+    SchedulerStats,
+    TokenUpdate,
+)
+from sluice.runtime.scheduler.cache import KVCacheManager
+from sluice.runtime.scheduler.decode import DecodeManager
+from sluice.runtime.scheduler.prefill import PrefillBatch, PrefillManager
 from sluice.runtime.scheduler.request import Req
 
 
@@ -62,6 +71,20 @@ class Counters:
     failed_batches: int = 0  # forwards that raised
     integrity_checks: int = 0  # pool integrity checks passed
 
+    def prefilled(self, batch: PrefillBatch, now: float) -> list[float]:
+        """Count a prefill batch; returns the seconds each request it admitted
+        (`batch.admitted`) waited in the queue, and records their cached prompt tokens."""
+        self.prefill_batches += 1
+        self.prefill_rows += len(batch.reqs)
+        waited = []
+        for req, start in zip(batch.reqs, batch.starts, strict=True):
+            if req in batch.admitted:
+                req.cached_tokens = start
+                self.prompt_tokens += len(req.input_ids)
+                self.cached_prompt_tokens += start
+                waited.append(max(0.0, now - req.arrival_time))
+        return waited
+
 
 def token_output(reqs: list[Req]) -> BatchTokenIDOut:
     """New tokens (and finish reasons) of `reqs` since they were last reported, one update
@@ -98,3 +121,32 @@ def token_output(reqs: list[Req]) -> BatchTokenIDOut:
         r.sent_len = len(r.output_ids)
         r.announced = True
     return BatchTokenIDOut(updates)
+
+
+def stats_of(
+    c: Counters,
+    cache: KVCacheManager,
+    prefill: PrefillManager,
+    decode: DecodeManager,
+    adapters: dict[str, Any],
+) -> SchedulerStats:
+    """The scheduler's published stats (`adapters`: `AdapterGate.stats`)."""
+    total = cache.total_tokens
+    used = total - cache.available_size
+    return SchedulerStats(
+        queue_requests=len(prefill.waiting),
+        running_requests=len(decode.running) + (1 if prefill.chunked else 0),
+        kv_token_usage=used / total if total else 0.0,
+        new_token_ratio=decode.ratio.value,
+        retractions_total=c.retractions_total,
+        retracted_tokens_total=c.retracted_tokens_total,
+        prefix_cache_hit_ratio=(c.cached_prompt_tokens / c.prompt_tokens) if c.prompt_tokens else 0.0,
+        max_total_tokens=total,
+        free_tokens=cache.available_size,
+        cached_tokens=cache.cached_size,
+        prefill_batches_total=c.prefill_batches,
+        prefill_rows_total=c.prefill_rows,
+        failed_batches_total=c.failed_batches,
+        integrity_checks_total=c.integrity_checks,
+        **adapters,
+    )

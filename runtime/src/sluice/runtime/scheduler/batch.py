@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from sluice.runtime.engine.forward_input import ForwardInput, RowInput, SamplingInput, VocabMask
 from sluice.runtime.forward import ForwardMode
 from sluice.runtime.scheduler.cache import KVCacheManager
+from sluice.runtime.scheduler.decode import DecodeRows
+from sluice.runtime.scheduler.prefill import PrefillBatch
 from sluice.runtime.scheduler.request import Req
 
 
@@ -38,6 +40,24 @@ class ScheduledBatch:
     @property
     def prefill_reqs(self) -> list[Req]:
         return self.reqs[self.num_decode :]
+
+
+def batch_of(decode: DecodeRows | None, prefill: PrefillBatch | None) -> ScheduledBatch | None:
+    """This tick's decode rows, then its prefill rows (None when there is neither)."""
+    reqs = list(decode.reqs) if decode is not None else []
+    n = len(reqs)
+    starts = [r.kv_len - 1 for r in reqs]
+    lens = [1] * n
+    sample = [True] * n
+    if prefill is not None:
+        reqs += prefill.reqs
+        starts += prefill.starts
+        lens += prefill.lens
+        sample += [
+            done and r.sampling.max_new_tokens > 0
+            for r, done in zip(prefill.reqs, prefill.complete, strict=True)
+        ]
+    return ScheduledBatch(reqs, starts, lens, sample, n) if reqs else None
 
 
 def forward_input(

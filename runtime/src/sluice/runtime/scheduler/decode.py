@@ -161,6 +161,20 @@ class DecodeManager:
                 given_up.append(r)
         return DecodeRows(decodable(), retraction, given_up)
 
+    def running_with_chunk(self, chunked: Req | None) -> list[Req]:
+        """The running set, and the request whose prompt is mid-chunk (`chunked`)."""
+        return [*self.running.values(), *([chunked] if chunked is not None else [])]
+
+    def outranked_by(self, head: Req, fits: Callable[[], bool]) -> bool:
+        """The most important waiting request (`head`) does not fit, and a less important
+        one runs (priority scheduling preempts it)."""
+        if fits():
+            return False
+        return any(r.sampling.priority > head.sampling.priority for r in self.running.values())
+
+    def preempt_for(self, head: Req, fits: Callable[[], bool]) -> Retraction:
+        return self.preempt(lambda r: r.sampling.priority > head.sampling.priority, fits)
+
     def preempt(self, outranked: Callable[[Req], bool], fits: Callable[[], bool]) -> Retraction:
         """Retract running requests `outranked` (a more important one waits), least
         important and then newest first, until `fits()`; they go back to the queue."""

@@ -13,13 +13,16 @@ every request it holds and exits non-zero, and the server goes down with it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
+from sluice.runtime.engine.engine_faults import is_unrecoverable
 from sluice.runtime.ipc.messages import FinishReason
 from sluice.runtime.ipc.sockets import send
 from sluice.runtime.scheduler.batch import ScheduledBatch
+from sluice.runtime.scheduler.request import Req
 
 logger = logging.getLogger("sluice.scheduler")
 
@@ -43,11 +46,21 @@ def roll_back_uncomputed(batch: ScheduledBatch) -> None:
         req.kv_len = min(req.kv_len, start)
 
 
-def out_of_vocab(ids: list[int], vocab_size: int) -> int | None:
-    """The first id outside [0, vocab_size), if any (vocab_size 0: not checked)."""
-    if vocab_size <= 0:
-        return None
-    return next((t for t in ids if not 0 <= t < vocab_size), None)
+def fail_batch(
+    batch: ScheduledBatch, exc: Exception, finish: Callable[[Req, FinishReason], None]
+) -> None:
+    """The forward of `batch` raised: its requests end with an error naming the cause and
+    the KV it was writing is dropped; raises `EngineDead` when the engine cannot go on."""
+    rids = [r.rid for r in batch.reqs]
+    logger.error("forward failed: %d requests end with an error rids=%s", len(rids), rids,
+                 exc_info=exc)  # fmt: skip
+    roll_back_uncomputed(batch)
+    reason = batch_error(exc)
+    for req in batch.reqs:
+        if not req.is_finished:
+            finish(req, reason)
+    if is_unrecoverable(exc):
+        raise EngineDead(f"unrecoverable engine fault: {type(exc).__name__}: {exc}") from exc
 
 
 def answer_everyone(scheduler: Any, outbox: zmq.Socket, exc: BaseException) -> None:

@@ -109,3 +109,32 @@ def pending_mask(queue: GrammarQueue | None, sampled: Sequence[Req]) -> PendingM
     if queue is None or not any(r.matcher is not None for r in sampled):
         return None
     return PendingMask(VocabMask(), list(sampled))
+
+
+class MaskHandOff:
+    """A constrained row's vocab mask needs every earlier token of its request accepted.
+    With the previous batch processed it is filled at launch; in the overlap loop, where
+    the previous result is still to be processed, it is filled right after that result
+    (`fill_pending`), while the forward runs and waits for it before sampling."""
+
+    def __init__(self, grammars: GrammarQueue | None) -> None:
+        self.grammars = grammars
+        self._pending: PendingMask | None = None
+
+    def mask_for(self, sampled: Sequence[Req], fill_now: bool) -> VocabMask | None:
+        """The mask a launch of `sampled` rows needs (None when none is constrained)."""
+        pending = pending_mask(self.grammars, sampled)
+        if pending is None or self.grammars is None:
+            self._pending = None
+            return None
+        if fill_now:
+            pending.fill(self.grammars)
+            self._pending = None
+        else:
+            self._pending = pending
+        return pending.mask
+
+    def fill_pending(self) -> None:
+        if self._pending is not None and self.grammars is not None:
+            pending, self._pending = self._pending, None
+            pending.fill(self.grammars)

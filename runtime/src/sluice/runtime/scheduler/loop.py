@@ -95,7 +95,7 @@ def serve_forever(
                 return
         # read again: a test pauses before it sends, so what woke us up sees the pause
         run = not gate.paused
-        if followers is not None:  # before handling: handling edits the messages
+        if followers is not None:  # the other ranks handle the same messages in this tick
             followers.publish(Tick(idle, run, False, msgs))
         for msg in msgs:
             scheduler.handle(msg)

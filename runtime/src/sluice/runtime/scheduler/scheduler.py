@@ -1,15 +1,15 @@
 """The scheduler: one tick = take requests in, choose a batch, run it, process the result.
 
-Past 500 lines: intake, faults and preemption are still methods here; carving them into
-their own managers (issue #35) leaves the loops and the batch choice on one screen.
-
 It composes managers that never call back into it:
 
+- `Intake` (intake.py): the requests by id, their checks on the way in, the single
+  `finish`, and the outbox;
 - `PrefillManager` (prefill.py): the waiting queue, the request being chunked, admission
   and its page allocation;
 - `DecodeManager` (decode.py): the running set, the new-token ratio and retraction;
 - `InFlight` (overlap.py): the launched batch and the releases it defers;
-- `KVCacheManager` (cache.py): pages, rows and the prefix cache.
+- `KVCacheManager` (cache.py): pages, rows and the prefix cache;
+- `MaskHandOff` (grammar.py): when a constrained batch's vocab mask is filled.
 
 Choosing a batch: with mixed chunks (the default) every tick decodes all running requests
 and fills the rest of the chunk budget with prefill; without, prefill goes first, but a
@@ -35,9 +35,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
-from sluice.runtime.engine.engine_faults import is_unrecoverable
 from sluice.runtime.engine.executor import Executor
 from sluice.runtime.engine.forward_input import ForwardOutput
 from sluice.runtime.ipc.messages import (
@@ -51,8 +48,8 @@ from sluice.runtime.ipc.messages import (
     TokenizedGenerateReq,
     UnloadLoraReq,
 )
-from sluice.runtime.scheduler.accounting import Counters, TickResult, TickTiming, token_output
-from sluice.runtime.scheduler.batch import ScheduledBatch, forward_input
+from sluice.runtime.scheduler.accounting import Counters, TickResult, TickTiming, stats_of
+from sluice.runtime.scheduler.batch import ScheduledBatch, batch_of, forward_input
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.decode import (
     DecodeManager,
@@ -61,13 +58,9 @@ from sluice.runtime.scheduler.decode import (
     NewTokenRatio,
     Retraction,
 )
-from sluice.runtime.scheduler.faults import (
-    EngineDead,
-    batch_error,
-    out_of_vocab,
-    roll_back_uncomputed,
-)
-from sluice.runtime.scheduler.grammar import GrammarQueue, PendingMask, accept, pending_mask
+from sluice.runtime.scheduler.faults import EngineDead, fail_batch
+from sluice.runtime.scheduler.grammar import GrammarQueue, MaskHandOff, accept
+from sluice.runtime.scheduler.intake import Intake, IntakeRules
 from sluice.runtime.scheduler.lora import AdapterGate
 from sluice.runtime.scheduler.overlap import InFlight, Launched
 from sluice.runtime.scheduler.policy import PolicyConfig
@@ -120,13 +113,15 @@ class Scheduler:
         )
         self.inflight = InFlight()
         self.grammars = grammars
-        self._mask_to_fill: PendingMask | None = None
+        self.masks = MaskHandOff(grammars)
+        seeded = config.random_seed >= 0
+        self.intake = Intake(
+            IntakeRules(config.context_len, config.vocab_size, self.eos_token_ids),
+            random.Random(config.random_seed) if seeded else random.SystemRandom(),
+            self.prefill, self.decode, grammars, self.inflight, cache, self.adapters,
+        )  # fmt: skip
         self.timing = TickTiming()
         self.counters = Counters()
-        seeded = config.random_seed >= 0
-        self._rng = random.Random(config.random_seed) if seeded else random.SystemRandom()
-        self._requests: dict[str, Req] = {}
-        self._outbox: list[Req] = []
         self._queue_times: list[float] = []  # admitted since the last take_queue_times()
         self._prefill_streak = 0  # prefill-only ticks in a row while requests were decoding
         self._retracted: list[str] = []  # by this tick's schedule
@@ -137,7 +132,6 @@ class Scheduler:
     def ratio(self) -> NewTokenRatio:
         return self.decode.ratio
 
-    # ---- intake -------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
         return (
@@ -149,88 +143,24 @@ class Scheduler:
 
     def live_requests(self) -> list[Req]:
         """Requests holding (or about to hold) KV pages and rows."""
-        return list(self._requests.values()) + self.inflight.deferred
-
-    def _running_requests(self) -> list[Req]:
-        """Requests in the decode set, and the one whose prompt is mid-chunk."""
-        running = list(self.decode.running.values())
-        if self.prefill.chunked is not None:
-            running.append(self.prefill.chunked)
-        return running
+        return self.intake.live()
 
     def handle(self, msg: object) -> None:
         if isinstance(msg, TokenizedGenerateReq):
-            known = self._requests.get(msg.rid)
-            try:
-                self.add_request(msg)
-            except Exception as exc:  # one request that cannot be added fails alone
-                logger.exception("request rejected rid=%s", msg.rid)
-                reason = FinishReason("error", message=f"cannot schedule the request: {exc!r}")
-                self._refuse(msg, known, reason)
+            self.intake.receive(msg)
         elif isinstance(msg, AbortReq):
             self.abort(msg.rid)
         elif isinstance(msg, (LoadLoraReq, UnloadLoraReq)):
             self._replies.append(self.adapters.op(msg, self.live_requests()))
         elif isinstance(msg, StopReq):
-            if (req := self._requests.get(msg.rid)) is not None:
-                self._finish(req, FinishReason("stop", matched_str=msg.matched_str))
+            if (req := self.intake.get(msg.rid)) is not None:
+                self.intake.finish(req, FinishReason("stop", matched_str=msg.matched_str))
         else:
             logger.warning("scheduler ignored an unknown message %s", type(msg).__name__)
 
-    def add_request(self, msg: TokenizedGenerateReq) -> None:
-        sp = msg.sampling
-        seed = sp.seed if sp.seed is not None else self._rng.getrandbits(63)
-        req = Req(
-            rid=msg.rid,
-            input_ids=list(msg.input_ids),
-            sampling=sp,
-            arrival_time=msg.arrival_time or time.time(),
-            eos_token_ids=self.eos_token_ids,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        room = self.config.context_len - len(req.input_ids)
-        vocab = self.config.vocab_size
-        problem = ""
-        if msg.rid in self._requests:
-            problem = f"duplicate request id {msg.rid}"
-        elif not req.input_ids or room < 1:
-            problem = (
-                f"prompt of {len(req.input_ids)} tokens does not fit the context length "
-                f"{self.config.context_len}"
-            )
-        elif (bad := out_of_vocab(req.input_ids + sp.stop_token_ids, vocab)) is not None:
-            problem = f"token id {bad} is outside the model's vocabulary [0, {vocab})"
-        elif sp.lora_id:
-            problem = self.adapters.unknown(sp.lora_id)
-        if problem:
-            req.finish(FinishReason("abort", message=problem))
-            logger.info("request rejected rid=%s reason=%s", req.rid, problem)
-            self._outbox.append(req)
-            return
-        sp.max_new_tokens = min(sp.max_new_tokens, room)
-        self._requests[req.rid] = req
-        if sp.constraint is not None:
-            if self.grammars is None:
-                self._finish(req, FinishReason("abort", message="constrained decoding is off"))
-                return
-            self.grammars.add(req)  # admitted once its grammar has compiled
-        else:
-            self.prefill.add(req)
-
-    def _refuse(self, msg: TokenizedGenerateReq, known: Req | None, reason: FinishReason) -> None:
-        """End a request whose `add_request` raised (`known`: who held its rid before)."""
-        req = self._requests.get(msg.rid)
-        if req is not None and req is not known:
-            self._finish(req, reason)
-            return
-        refused = Req(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling)
-        refused.finish(reason)
-        self._outbox.append(refused)
-
     def abort(self, rid: str) -> None:
-        req = self._requests.get(rid)
-        if req is not None:
-            self._finish(req, FinishReason("abort", message="aborted by the client"))
+        if (req := self.intake.get(rid)) is not None:
+            self.intake.finish(req, FinishReason("abort", message="aborted by the client"))
 
     # ---- the two loops ------------------------------------------------------------------
     def step(self) -> TickResult | None:
@@ -261,7 +191,7 @@ class Scheduler:
             self._launch(batch, mask_now=previous is None)
         t2 = time.perf_counter()
         self._complete(previous)
-        self._fill_mask()
+        self.masks.fill_pending()
         self._verify_after_fault()
         if not isinstance(batch, ScheduledBatch):
             if previous is None:
@@ -279,11 +209,13 @@ class Scheduler:
             for req in compiled:
                 self.prefill.add(req)
             for req, reason in failed:
-                self._finish(req, reason)
-        if self.config.policy.name == "priority" and self._must_preempt():
-            if not allow_retract:
-                return NEED_SYNC
-            self._preempt()
+                self.intake.finish(req, reason)
+        if self.config.policy.name == "priority" and (head := self.prefill.head()) is not None:
+            fits = lambda: self.prefill.fits(head, self.decode.reserved_tokens())  # noqa: E731
+            if self.decode.outranked_by(head, fits):
+                if not allow_retract:
+                    return NEED_SYNC
+                self._record_retraction(self.decode.preempt_for(head, fits), why="preempted by priority")
         decoding = self.decode.runnable
         mixed = self.config.mixed_chunk
         prefill: PrefillBatch | None = None
@@ -291,7 +223,7 @@ class Scheduler:
             prefill = self._schedule_prefill(self.config.max_prefill_tokens)
             if prefill is not None or not decoding:
                 self._prefill_streak = self._prefill_streak + 1 if decoding and prefill else 0
-                return self._batch(None, prefill)
+                return batch_of(None, prefill)
         decode = self.decode.schedule(self.inflight.tokens_in_flight, allow_retract) if decoding else None
         if decode is NEED_SYNC:
             return NEED_SYNC
@@ -303,7 +235,7 @@ class Scheduler:
             budget = self.config.chunk_size - rows if rows else self.config.max_prefill_tokens
             prefill = self._schedule_prefill(budget)
         self._prefill_streak = 0
-        return self._batch(decode, prefill)
+        return batch_of(decode, prefill)
 
     def _schedule_prefill(self, token_budget: int) -> PrefillBatch | None:
         budget = PrefillBudget(
@@ -315,42 +247,18 @@ class Scheduler:
             if self.prefill.chunked is not None and not self.decode.runnable and not self.inflight.launched:
                 stuck = self.prefill.abort_stuck_chunk()
                 assert stuck is not None
-                self._finish(stuck, FinishReason("abort", message="KV pool exhausted"))
+                self.intake.finish(stuck, FinishReason("abort", message="KV pool exhausted"))
             return None
-        self.counters.prefill_batches += 1
-        self.counters.prefill_rows += len(batch.reqs)
-        now = time.time()
-        for req, start in zip(batch.reqs, batch.starts, strict=True):
-            if req in batch.admitted:
-                req.cached_tokens = start
-                self.counters.prompt_tokens += len(req.input_ids)
-                self.counters.cached_prompt_tokens += start
-                self._queue_times.append(max(0.0, now - req.arrival_time))
+        self._queue_times += self.counters.prefilled(batch, time.time())
         # prompts completing here decode next; their first token is sampled by this batch
         # (a prefill-only request, max_new_tokens 0, is done once its prompt is computed)
         self.decode.add([r for r, done in zip(batch.reqs, batch.complete, strict=True)
                          if done and r.sampling.max_new_tokens > 0])  # fmt: skip
         return batch
 
-    def _must_preempt(self) -> bool:
-        """The most important waiting request does not fit, and a less important one runs."""
-        head = self.prefill.head()
-        if head is None or self.prefill.fits(head, self.decode.reserved_tokens()):
-            return False
-        return any(r.sampling.priority > head.sampling.priority for r in self.decode.running.values())
-
-    def _preempt(self) -> None:
-        head = self.prefill.head()
-        assert head is not None
-        retraction = self.decode.preempt(
-            lambda r: r.sampling.priority > head.sampling.priority,
-            lambda: self.prefill.fits(head, self.decode.reserved_tokens()),
-        )
-        self._record_retraction(retraction, why="preempted by priority")
-
     def _after_decode_schedule(self, decode: DecodeRows) -> None:
         for req in decode.given_up:
-            self._finish(req, FinishReason("abort", message="the KV pool cannot hold this request"))
+            self.intake.finish(req, FinishReason("abort", message="the KV pool cannot hold this request"))
             logger.warning("request aborted rid=%s reason=kv-pool-too-small", req.rid)
         if decode.retraction is not None:
             self._record_retraction(decode.retraction, why="KV pool exhausted")
@@ -368,43 +276,16 @@ class Scheduler:
             why,
         )
 
-    @staticmethod
-    def _batch(decode: DecodeRows | None, prefill: PrefillBatch | None) -> ScheduledBatch | None:
-        reqs = list(decode.reqs) if decode is not None else []
-        n = len(reqs)
-        starts = [r.kv_len - 1 for r in reqs]
-        lens = [1] * n
-        sample = [True] * n
-        if prefill is not None:
-            reqs += prefill.reqs
-            starts += prefill.starts
-            lens += prefill.lens
-            sample += [
-                done and r.sampling.max_new_tokens > 0
-                for r, done in zip(prefill.reqs, prefill.complete, strict=True)
-            ]
-        return ScheduledBatch(reqs, starts, lens, sample, n) if reqs else None
-
     # ---- running and processing ---------------------------------------------------------
     def _launch(self, batch: ScheduledBatch, mask_now: bool = True) -> None:
         """Submit `batch`. A constrained row's mask needs every earlier token accepted: with
         `mask_now` False (overlap, the previous batch unprocessed) it is filled by
-        `_fill_mask` after the previous result, while the forward runs."""
+        `masks.fill_pending` after the previous result, while the forward runs."""
         sampled = [r for r, s in zip(batch.reqs, batch.sample, strict=True) if s]
-        pending = pending_mask(self.grammars, sampled)
-        mask = pending.mask if pending is not None else None
+        mask = self.masks.mask_for(sampled, fill_now=mask_now)
         fi = forward_input(batch, self.cache, self.eos_token_ids, self.inflight.tokens_in_flight, mask)
-        if pending is not None and mask_now:
-            pending.fill(self.grammars)  # type: ignore[arg-type]
-            pending = None
-        self._mask_to_fill = pending
         result = self.executor.submit(fi)
         self.inflight.launch(batch, result)
-
-    def _fill_mask(self) -> None:
-        if self._mask_to_fill is not None:
-            pending, self._mask_to_fill = self._mask_to_fill, None
-            pending.fill(self.grammars)  # type: ignore[arg-type]
 
     def _complete(self, launched: Launched | None) -> None:
         if launched is None:
@@ -421,20 +302,11 @@ class Scheduler:
         self.inflight.release_unused(self.cache)
 
     def _fail_batch(self, batch: ScheduledBatch, exc: Exception) -> None:
-        """The forward of `batch` raised: its requests end with an error naming the cause,
-        and the KV it was writing is dropped."""
-        rids = [r.rid for r in batch.reqs]
-        logger.error("forward failed: %d requests end with an error rids=%s", len(rids), rids,
-                     exc_info=exc)  # fmt: skip
         self.counters.failed_batches += 1
-        roll_back_uncomputed(batch)
-        reason = batch_error(exc)
-        for req in batch.reqs:
-            if not req.is_finished:
-                self._finish(req, reason)
-        self.inflight.release_unused(self.cache)
-        if is_unrecoverable(exc):
-            raise EngineDead(f"unrecoverable engine fault: {type(exc).__name__}: {exc}") from exc
+        try:
+            fail_batch(batch, exc, self.intake.finish)
+        finally:
+            self.inflight.release_unused(self.cache)
         self._faulted = True
 
     def _verify_after_fault(self) -> None:
@@ -462,7 +334,7 @@ class Scheduler:
                     req.input_logprobs.extend(out.prompt_logprobs[i])
             if not batch.sample[i]:  # an intermediate chunk samples no token
                 if req.sampling.max_new_tokens == 0 and batch.starts[i] + batch.lens[i] == req.seq_len:
-                    self._finish(req, FinishReason("length"))  # prefill only: the prompt is in
+                    self.intake.finish(req, FinishReason("length"))  # prefill only: the prompt is in
                 continue
             token, logprob, top = next(sampled)
             if req.is_finished:  # finished or aborted while this forward ran: drop the token
@@ -479,19 +351,9 @@ class Scheduler:
             if not req.is_finished and self.stop_matcher and req.sampling.stop:
                 self.stop_matcher.check(req)
             if req.is_finished:
-                self._finish(req, req.finish_reason)
+                self.intake.finish(req, req.finish_reason)
             else:
-                self._outbox.append(req)
-
-    def _finish(self, req: Req, reason: FinishReason | None) -> None:
-        """End a request wherever it is; its row and pages go back exactly once (after the
-        in-flight batch, if that batch still uses them)."""
-        req.finish(reason or FinishReason("abort"))
-        if not self.prefill.remove(req) and not self.decode.remove(req) and self.grammars:
-            self.grammars.remove(req)
-        self._requests.pop(req.rid, None)
-        self._outbox.append(req)
-        self.inflight.release_or_defer(req, self.cache)
+                self.intake.report(req)
 
     # ---- reporting ----------------------------------------------------------------------
     def _tick_result(self, batch: ScheduledBatch) -> TickResult:
@@ -500,32 +362,11 @@ class Scheduler:
 
     def take_output(self) -> BatchTokenIDOut | None:
         """Tokens generated (and requests finished) since the last call, for the detokenizer."""
-        if not self._outbox:
-            return None
-        reqs, self._outbox = self._outbox, []
-        return token_output(reqs)
+        return self.intake.take_output()
 
     def stats(self) -> SchedulerStats:
-        total = self.cache.total_tokens
-        used = total - self.cache.available_size
-        c = self.counters
-        return SchedulerStats(
-            queue_requests=len(self.prefill.waiting),
-            running_requests=len(self.decode.running) + (1 if self.prefill.chunked else 0),
-            kv_token_usage=used / total if total else 0.0,
-            new_token_ratio=self.ratio.value,
-            retractions_total=c.retractions_total,
-            retracted_tokens_total=c.retracted_tokens_total,
-            prefix_cache_hit_ratio=(c.cached_prompt_tokens / c.prompt_tokens) if c.prompt_tokens else 0.0,
-            max_total_tokens=total,
-            free_tokens=self.cache.available_size,
-            cached_tokens=self.cache.cached_size,
-            prefill_batches_total=c.prefill_batches,
-            prefill_rows_total=c.prefill_rows,
-            failed_batches_total=c.failed_batches,
-            integrity_checks_total=c.integrity_checks,
-            **self.adapters.stats(self._running_requests(), self.prefill.waiting),
-        )
+        adapters = self.adapters.stats(self.decode.running_with_chunk(self.prefill.chunked), self.prefill.waiting)
+        return stats_of(self.counters, self.cache, self.prefill, self.decode, adapters)
 
     def take_replies(self) -> list[LoraOpResult]:
         """Answers to LoRA loads and unloads since the last call."""
@@ -544,12 +385,7 @@ class Scheduler:
         self.counters.integrity_checks += 1
 
     def fail_all(self, reason: FinishReason) -> None:
-        """The engine is going down: end every request (nothing will run again, so their
-        pages are not given back)."""
-        for req in self._requests.values():
-            req.finish(reason)
-            self._outbox.append(req)
-        self._requests.clear()
+        self.intake.fail_all(reason)
 
     def on_idle(self) -> None:
         """With nothing left to run: reset new_token_ratio and check the books."""

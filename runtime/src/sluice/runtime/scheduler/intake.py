@@ -1,0 +1,160 @@
+"""`Intake`: the requests the scheduler holds, by id; what comes in, and the one way out.
+
+A request comes in checked (room in the context, token ids inside the vocabulary, a known
+adapter, no id twice) and goes to its grammar's compile queue or straight to prefill; one
+that fails a check is answered at once. Whatever ends a request, `finish` takes it from the
+manager that holds it and gives its row and pages back exactly once (after the in-flight
+forward, when that forward still uses them). Every request with something to report waits
+in the outbox until the loop takes the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from sluice.runtime.ipc.messages import BatchTokenIDOut, FinishReason, TokenizedGenerateReq
+from sluice.runtime.scheduler.accounting import token_output
+from sluice.runtime.scheduler.cache import KVCacheManager
+from sluice.runtime.scheduler.decode import DecodeManager
+from sluice.runtime.scheduler.grammar import GrammarQueue
+from sluice.runtime.scheduler.lora import AdapterGate
+from sluice.runtime.scheduler.overlap import InFlight
+from sluice.runtime.scheduler.prefill import PrefillManager
+from sluice.runtime.scheduler.request import Req
+
+logger = logging.getLogger("sluice.scheduler")
+
+
+@dataclass(frozen=True)
+class IntakeRules:
+    context_len: int
+    vocab_size: int  # token ids outside it are refused (0: not checked)
+    eos_token_ids: frozenset[int]
+
+
+def out_of_vocab(ids: list[int], vocab_size: int) -> int | None:
+    """The first id outside [0, vocab_size), if any (vocab_size 0: not checked)."""
+    if vocab_size <= 0:
+        return None
+    return next((t for t in ids if not 0 <= t < vocab_size), None)
+
+
+class Intake:
+    def __init__(
+        self,
+        rules: IntakeRules,
+        rng: random.Random,
+        prefill: PrefillManager,
+        decode: DecodeManager,
+        grammars: GrammarQueue | None,
+        inflight: InFlight,
+        cache: KVCacheManager,
+        adapters: AdapterGate,
+    ) -> None:
+        self.rules = rules
+        self._rng = rng
+        self._prefill, self._decode, self._grammars = prefill, decode, grammars
+        self._inflight, self._cache, self._adapters = inflight, cache, adapters
+        self.requests: dict[str, Req] = {}
+        self.outbox: list[Req] = []
+
+    def receive(self, msg: TokenizedGenerateReq) -> None:
+        """Take `msg` in; one request that cannot be added fails alone."""
+        known = self.requests.get(msg.rid)
+        try:
+            self.add(msg)
+        except Exception as exc:
+            logger.exception("request rejected rid=%s", msg.rid)
+            reason = FinishReason("error", message=f"cannot schedule the request: {exc!r}")
+            req = self.requests.get(msg.rid)
+            if req is not None and req is not known:
+                self.finish(req, reason)
+                return
+            refused = Req(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling)
+            refused.finish(reason)
+            self.outbox.append(refused)
+
+    def add(self, msg: TokenizedGenerateReq) -> None:
+        sp = msg.sampling
+        room = self.rules.context_len - len(msg.input_ids)
+        if sp.max_new_tokens > room > 0:  # the request's own copy: the message stays as sent
+            sp = dataclasses.replace(sp, max_new_tokens=room)
+        seed = sp.seed if sp.seed is not None else self._rng.getrandbits(63)
+        req = Req(
+            rid=msg.rid,
+            input_ids=list(msg.input_ids),
+            sampling=sp,
+            arrival_time=msg.arrival_time or time.time(),
+            eos_token_ids=self.rules.eos_token_ids,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        problem = self._problem(req, room)
+        if problem:
+            req.finish(FinishReason("abort", message=problem))
+            logger.info("request rejected rid=%s reason=%s", req.rid, problem)
+            self.outbox.append(req)
+            return
+        self.requests[req.rid] = req
+        if sp.constraint is None:
+            self._prefill.add(req)
+        elif self._grammars is None:
+            self.finish(req, FinishReason("abort", message="constrained decoding is off"))
+        else:
+            self._grammars.add(req)  # admitted once its grammar has compiled
+
+    def _problem(self, req: Req, room: int) -> str:
+        vocab = self.rules.vocab_size
+        if req.rid in self.requests:
+            return f"duplicate request id {req.rid}"
+        if not req.input_ids or room < 1:
+            return (
+                f"prompt of {len(req.input_ids)} tokens does not fit the context length "
+                f"{self.rules.context_len}"
+            )
+        if (bad := out_of_vocab(req.input_ids + req.sampling.stop_token_ids, vocab)) is not None:
+            return f"token id {bad} is outside the model's vocabulary [0, {vocab})"
+        if req.sampling.lora_id:
+            return self._adapters.unknown(req.sampling.lora_id)
+        return ""
+
+    def get(self, rid: str) -> Req | None:
+        return self.requests.get(rid)
+
+    def live(self) -> list[Req]:
+        """Requests holding (or about to hold) KV pages and rows."""
+        return list(self.requests.values()) + self._inflight.deferred
+
+    def report(self, req: Req) -> None:
+        """`req` has new tokens for the detokenizer."""
+        self.outbox.append(req)
+
+    def finish(self, req: Req, reason: FinishReason | None) -> None:
+        """End a request wherever it is; its row and pages go back exactly once (after the
+        in-flight batch, if that batch still uses them)."""
+        req.finish(reason or FinishReason("abort"))
+        if not self._prefill.remove(req) and not self._decode.remove(req) and self._grammars:
+            self._grammars.remove(req)
+        self.requests.pop(req.rid, None)
+        self.outbox.append(req)
+        self._inflight.release_or_defer(req, self._cache)
+
+    def fail_all(self, reason: FinishReason) -> None:
+        """The engine is going down: end every request (nothing will run again, so their
+        pages are not given back)."""
+        for req in self.requests.values():
+            req.finish(reason)
+            self.outbox.append(req)
+        self.requests.clear()
+
+    def take_output(self) -> BatchTokenIDOut | None:
+        """Tokens generated (and requests finished) since the last call, for the detokenizer."""
+        if not self.outbox:
+            return None
+        reqs, self.outbox = self.outbox, []
+        return token_output(reqs)
