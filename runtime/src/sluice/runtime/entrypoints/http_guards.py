@@ -41,10 +41,6 @@ class ApiKeyMiddleware:
         return False
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimitMiddleware:
     """Refuse a request body over `limit` bytes with 413. The body is read here (the app
     reads all of it anyway) and handed on in one piece; later receives (the client's

@@ -69,8 +69,8 @@ from sluice.runtime.entrypoints.openai_responses import (
     ModelCard,
     ModelList,
     ToolCall,
-    Usage,
     generate_body,
+    usage_of,
 )
 from sluice.runtime.entrypoints.reasoning import ReasoningSplitter, split_reasoning
 from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded, TooManyChoices
@@ -601,16 +601,6 @@ def _is_failure(reason: FinishReason | None, abort_is_error: bool) -> bool:
     if reason.kind in ("error", "timeout"):
         return True
     return abort_is_error and reason.kind == "abort" and reason.message != ABORTED_BY_REQUEST
-
-
-def usage_of(finals: list[Any], n: int = 1) -> Usage:
-    """Usage from each choice's last chunk: each prompt counted once (its n choices share
-    it, as OpenAI counts them), completion tokens summed."""
-    prompts = finals[::n]
-    completion = sum(c.completion_tokens for c in finals)
-    return Usage.of(
-        sum(c.prompt_tokens for c in prompts), completion, sum(c.cached_tokens for c in prompts)
-    )
 
 
 def build_app(

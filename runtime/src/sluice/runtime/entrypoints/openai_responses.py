@@ -215,12 +215,15 @@ class ModelList(BaseModel):
 
 
 # --- response builders ------------------------------------------------------------------------
-def usage_of(finals: list[Any]) -> Usage:
-    """Usage from each choice's last chunk: the prompt counted once (as OpenAI does for
-    n > 1), completion tokens summed."""
-    first = finals[0]
+def usage_of(finals: list[Any], n: int = 1) -> Usage:
+    """Usage from each choice's last chunk (or one chunk's counts so far), prompt-major with
+    `n` choices per prompt: each prompt counted once (its n choices share it, as OpenAI
+    counts them), completion tokens summed."""
+    prompts = finals[::n]
     completion = sum(c.completion_tokens for c in finals)
-    return Usage.of(first.prompt_tokens, completion, first.cached_tokens)
+    return Usage.of(
+        sum(c.prompt_tokens for c in prompts), completion, sum(c.cached_tokens for c in prompts)
+    )
 
 
 def generate_body(

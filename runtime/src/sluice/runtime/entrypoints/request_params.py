@@ -10,6 +10,7 @@ from typing import Any
 from sluice.runtime.entrypoints.errors import ProtocolError, not_supported_yet
 from sluice.runtime.entrypoints.json_types import SEED_MIN
 from sluice.runtime.entrypoints.openai_protocol import (
+    GENERATE_DEFAULT_MAX_NEW_TOKENS,
     GREEDY_BELOW_TEMPERATURE,
     ChatCompletionRequest,
     CompletionRequest,
@@ -23,8 +24,6 @@ from sluice.runtime.features import (
     TOP_LOGPROBS,
 )
 from sluice.runtime.ipc.messages import Constraint, FinishReason, SamplingParams
-
-GENERATE_DEFAULT_MAX_NEW_TOKENS = 128
 
 
 @dataclass(frozen=True)

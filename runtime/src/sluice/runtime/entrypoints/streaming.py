@@ -35,6 +35,7 @@ from sluice.runtime.entrypoints.openai_responses import (
     DeltaToolCall,
     Usage,
     generate_body,
+    usage_of,
 )
 from sluice.runtime.entrypoints.reasoning import ReasoningSplitter
 from sluice.runtime.entrypoints.request_params import finish_reason, kept_stop_text, stop_reason
@@ -161,10 +162,6 @@ class EventFormat(Protocol):
     def usage(self, usage: Usage) -> str: ...
 
 
-def usage_of_chunk(chunk: Chunk) -> Usage:
-    return Usage.of(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
-
-
 def delta_tool_calls(d: StreamDelta, parallel: bool) -> list[DeltaToolCall]:
     return [
         DeltaToolCall(
@@ -208,7 +205,7 @@ class ChatEvents:
 
     def on_chunk(self, index: int, chunk: Chunk) -> list[str]:
         events = []
-        usage = usage_of_chunk(chunk) if self.continuous_usage else None
+        usage = usage_of([chunk]) if self.continuous_usage else None
         text = chunk.text + kept_stop_text(chunk.finished, self.keep_stop)
         lp = None
         if self.logprobs is not None:
@@ -297,7 +294,7 @@ class CompletionEvents:
             finish_reason=finish_reason(chunk.finished),
             stop_reason=stop_reason(chunk.finished),
         )
-        usage = usage_of_chunk(chunk) if self.continuous_usage else None
+        usage = usage_of([chunk]) if self.continuous_usage else None
         return [self._event([choice], usage)]
 
     def usage(self, usage: Usage) -> str:
