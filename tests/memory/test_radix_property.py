@@ -43,7 +43,7 @@ def test_free_plus_cached_plus_in_use_is_always_the_total(ops, page_size):
                 r.output_ids.pop()
         elif op == "share" and live:
             r = live[pick % len(live)]
-            cache.cache_unfinished(r, r.kv_len)
+            cache.cache_unfinished(r, cache.kv_len(r))
         elif op == "release" and live:
             cache.release(live.pop(pick % len(live)))
         elif op == "evict":

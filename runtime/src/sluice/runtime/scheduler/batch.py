@@ -2,7 +2,7 @@
 
 A batch is the decode rows (one token each) followed by the prefill rows (a prompt, or a
 chunk of one), in one forward. Building the `ForwardInput` is the only place that decides
-what the device's table rows still lack (`Req.table_slots`, `Req.table_tokens`).
+what the device's table rows still lack (`KVCacheManager.table_write`).
 """
 
 from __future__ import annotations
@@ -42,11 +42,13 @@ class ScheduledBatch:
         return self.reqs[self.num_decode :]
 
 
-def batch_of(decode: DecodeRows | None, prefill: PrefillBatch | None) -> ScheduledBatch | None:
+def batch_of(
+    decode: DecodeRows | None, prefill: PrefillBatch | None, cache: KVCacheManager
+) -> ScheduledBatch | None:
     """This tick's decode rows, then its prefill rows (None when there is neither)."""
     reqs = list(decode.reqs) if decode is not None else []
     n = len(reqs)
-    starts = [r.kv_len - 1 for r in reqs]
+    starts = [cache.kv_len(r) - 1 for r in reqs]
     lens = [1] * n
     sample = [True] * n
     if prefill is not None:
@@ -73,13 +75,12 @@ def forward_input(
     for req, start, length, sample in zip(
         batch.reqs, batch.starts, batch.lens, batch.sample, strict=True
     ):
-        assert req.row is not None
         end = start + length
-        slot_start, token_start = req.table_slots, min(req.table_tokens, end)
+        row, slot_start, token_start = cache.table_write(req, end, sample)
         logprob_start, targets = _prompt_logprob_targets(req, start, end)
         rows.append(
             RowInput(
-                row=req.row,
+                row=row,
                 start=start,
                 length=length,
                 slot_start=slot_start,
@@ -92,8 +93,6 @@ def forward_input(
                 lora=req.sampling.lora_id,
             )
         )
-        req.table_slots = end
-        req.table_tokens = end + 1 if sample else end  # the sampled token lands at `end`
         if sample:
             sampling.append(_sampling_input(req, eos_token_ids, in_flight(req)))
     return ForwardInput(rows, sampling, vocab_mask)

@@ -7,15 +7,17 @@ short), and take everything back (`release`). Every path that ends a request's r
 (finish, abort, retraction) goes through `release`, so a page or a row is returned exactly
 once; the request's computed full pages stay in the prefix cache for later requests.
 
-A request's `kv_pages[:shared_pages]` belong to the prefix cache (locked while in use);
-the rest belong to the request. With `--disable-radix-cache` the prefix cache is a
-`NoPrefixCache`: the same code, nothing kept.
+What each request holds is kept here, by request id (`KVHolding`, as vLLM's
+`req_to_blocks`): a `Req` says what a request is, this manager says where it sits. A
+holding's `pages[:shared_pages]` belong to the prefix cache (locked while in use); the rest
+belong to the request. With `--disable-radix-cache` the prefix cache is a `NoPrefixCache`:
+the same code, nothing kept.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.prefix_cache import NoPrefixCache, PrefixCache
@@ -28,10 +30,38 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class KVHolding:
+    """What one request holds.
+
+    `kv_len` tokens of its sequence (prompt, then everything generated so far) have their
+    K/V in the pool, laid out on `pages` (position p lives in page `pages[p // page_size]`);
+    the leading `shared_pages` of them belong to the prefix cache, locked through
+    `prefix_node`. A retracted request gives all of it back and keeps its output, so it
+    re-prefills exactly what it had.
+
+    `row` is its row of the request tables. `table_slots` and `table_tokens` say how far
+    the device copies of that row (KV slots, token ids) have been written by launched
+    forwards; they restart at 0 with every new row.
+    """
+
+    row: int | None = None
+    pages: list[int] = field(default_factory=list)
+    kv_len: int = 0
+    shared_pages: int = 0
+    prefix_node: Any = None
+    table_slots: int = 0
+    table_tokens: int = 0
+
+
+_NOTHING = KVHolding()  # what a request holding nothing reads (never written)
+
+
+@dataclass
 class KVCacheManager:
     allocator: TokenToKVPoolAllocator
     rows: RequestSlots
     prefix: PrefixCache
+    held: dict[str, KVHolding] = field(default_factory=dict)  # by request id
 
     @classmethod
     def create(
@@ -61,12 +91,36 @@ class KVCacheManager:
     def free_rows(self) -> int:
         return self.rows.available_size
 
+    # ---- what a request holds -----------------------------------------------------------
+    def holding(self, req: Req) -> KVHolding:
+        """What `req` holds (read only: the manager changes it)."""
+        return self.held.get(req.rid, _NOTHING)
+
+    def _own(self, req: Req) -> KVHolding:
+        return self.held.setdefault(req.rid, KVHolding())
+
+    def kv_len(self, req: Req) -> int:
+        """Positions of `req` with K/V in the pool (or being written by a launched forward)."""
+        return self.holding(req).kv_len
+
+    def has_row(self, req: Req) -> bool:
+        return self.holding(req).row is not None
+
+    def extend_len(self, req: Req) -> int:
+        """Tokens still to prefill before `req` can decode."""
+        return req.seq_len - self.kv_len(req)
+
+    def holds_id(self, rid: str) -> bool:
+        """Whether a request with id `rid` still holds KV or a row (a finished one may,
+        until the forward that uses them is done)."""
+        return rid in self.held
+
     def pages_needed(self, req: Req, new_kv_len: int) -> int:
-        return max(0, self.allocator.pages_for(new_kv_len) - len(req.kv_pages))
+        return max(0, self.allocator.pages_for(new_kv_len) - len(self.holding(req).pages))
 
     def decode_pages_needed(self, reqs: list[Req]) -> int:
         """Pages a decode step over `reqs` must allocate (one per request whose last page is full)."""
-        return sum(self.pages_needed(r, r.kv_len + 1) for r in reqs)
+        return sum(self.pages_needed(r, self.kv_len(r) + 1) for r in reqs)
 
     # ---- prefix reuse -------------------------------------------------------------------
     @staticmethod
@@ -84,30 +138,32 @@ class KVCacheManager:
 
     def match_prefix(self, req: Req) -> int:
         """Point a request holding no KV at the longest cached prefix of its tokens (locked)."""
-        if req.kv_pages:
+        if self.holding(req).pages:
             return 0
         match = self.prefix.match_prefix(self._matchable(req))
         if match.num_tokens:
             self.prefix.inc_lock_ref(match.node)
-            req.kv_pages = list(match.pages)
-            req.shared_pages = len(match.pages)
-            req.prefix_node = match.node
-            req.kv_len = match.num_tokens
+            h = self._own(req)
+            h.pages = list(match.pages)
+            h.shared_pages = len(match.pages)
+            h.prefix_node = match.node
+            h.kv_len = match.num_tokens
         return match.num_tokens
 
-    def _unlock(self, req: Req) -> None:
-        if req.prefix_node is not None:
-            self.prefix.dec_lock_ref(req.prefix_node)
-        req.prefix_node = None
+    def _unlock(self, h: KVHolding) -> None:
+        if h.prefix_node is not None:
+            self.prefix.dec_lock_ref(h.prefix_node)
+        h.prefix_node = None
 
     # ---- allocation ---------------------------------------------------------------------
     def acquire_row(self, req: Req) -> bool:
-        if req.row is not None:
+        if self.has_row(req):
             return True
         row = self.rows.alloc()
         if row is None:
             return False
-        req.row, req.table_slots, req.table_tokens = row, 0, 0
+        h = self._own(req)
+        h.row, h.table_slots, h.table_tokens = row, 0, 0
         return True
 
     def _alloc_pages(self, n: int) -> list[int] | None:
@@ -119,9 +175,10 @@ class KVCacheManager:
     def extend(self, req: Req, new_kv_len: int) -> bool:
         """Give `req` KV slots for positions [kv_len, new_kv_len); False if the pool is short.
 
-        On success `req.kv_len` becomes `new_kv_len`: the caller runs the forward that fills
+        On success its `kv_len` becomes `new_kv_len`: the caller runs the forward that fills
         them."""
-        assert req.row is not None, "extend() before acquire_row()"
+        h = self.holding(req)
+        assert h.row is not None, "extend() before acquire_row()"
         if new_kv_len > self.rows.max_context_len:
             raise ValueError(f"request {req.rid} exceeds the context length")
         need = self.pages_needed(req, new_kv_len)
@@ -129,12 +186,28 @@ class KVCacheManager:
             pages = self._alloc_pages(need)
             if pages is None:
                 return False
-            req.kv_pages.extend(pages)
-        req.kv_len = new_kv_len
+            h.pages.extend(pages)
+        h.kv_len = new_kv_len
         return True
 
+    def roll_back(self, req: Req, computed: int) -> None:
+        """Only the first `computed` positions hold K/V a completed forward wrote (the rest
+        were a failed forward's): releasing it caches nothing else."""
+        if (h := self.held.get(req.rid)) is not None:
+            h.kv_len = min(h.kv_len, computed)
+
     def slots(self, req: Req, start: int, end: int) -> list[int]:
-        return self.allocator.slots(req.kv_pages, start, end)
+        return self.allocator.slots(self.holding(req).pages, start, end)
+
+    def table_write(self, req: Req, end: int, sample: bool) -> tuple[int, int, int]:
+        """A launched forward writes `req`'s device table row up to position `end` (and its
+        sampled token at `end`): (row, first slot and first token it must write)."""
+        h = self.holding(req)
+        assert h.row is not None
+        written = (h.row, h.table_slots, min(h.table_tokens, end))
+        h.table_slots = end
+        h.table_tokens = end + 1 if sample else end  # the sampled token lands at `end`
+        return written
 
     def cache_unfinished(self, req: Req, computed: int) -> None:
         """Share the computed full pages of a request that is still running (after its
@@ -143,38 +216,40 @@ class KVCacheManager:
 
         Only when the cache holds exactly what the request already shares: then its own
         full pages move to the cache (same pages, same table row) and stay locked."""
-        full = min(computed, req.kv_len) // self.page_size
-        if full <= req.shared_pages:
+        h = self.holding(req)
+        full = min(computed, h.kv_len) // self.page_size
+        if full <= h.shared_pages:
             return
         tokens = cache_key(req, full * self.page_size)
-        if self.prefix.prefix_len(tokens) != req.shared_pages * self.page_size:
+        if self.prefix.prefix_len(tokens) != h.shared_pages * self.page_size:
             return  # someone cached more of it meanwhile; the finish-time insert sorts it out
-        inserted = self.prefix.insert(tokens, req.kv_pages[:full])
-        if inserted.num_tokens != req.shared_pages * self.page_size:
+        inserted = self.prefix.insert(tokens, h.pages[:full])
+        if inserted.num_tokens != h.shared_pages * self.page_size:
             return  # the cache kept none of it (prefix caching is off)
         self.prefix.inc_lock_ref(inserted.node)
-        self._unlock(req)
-        req.prefix_node = inserted.node
-        req.shared_pages = full
+        self._unlock(h)
+        h.prefix_node = inserted.node
+        h.shared_pages = full
 
     # ---- release ------------------------------------------------------------------------
     def release(self, req: Req) -> None:
         """Return the request's pages and row; its computed full pages stay cached. Safe to
         call on a request holding nothing."""
-        if req.kv_len:
-            full = req.kv_len // self.page_size
-            cached = self.prefix.insert(cache_key(req, full * self.page_size), req.kv_pages[:full])
-            dup_end = max(req.shared_pages, cached.num_tokens // self.page_size)
+        h = self.held.pop(req.rid, None)
+        if h is None:
+            return
+        if h.kv_len:
+            full = h.kv_len // self.page_size
+            cached = self.prefix.insert(cache_key(req, full * self.page_size), h.pages[:full])
+            dup_end = max(h.shared_pages, cached.num_tokens // self.page_size)
             # pages the cache already had a copy of, and the partly filled last page; pages
             # [dup_end, full) now belong to the cache
-            self.allocator.free(req.kv_pages[req.shared_pages : dup_end] + req.kv_pages[full:])
+            self.allocator.free(h.pages[h.shared_pages : dup_end] + h.pages[full:])
         else:
-            self.allocator.free(req.kv_pages[req.shared_pages :])
-        self._unlock(req)
-        req.kv_pages, req.shared_pages, req.kv_len = [], 0, 0
-        if req.row is not None:
-            self.rows.free(req.row)
-            req.row = None
+            self.allocator.free(h.pages[h.shared_pages :])
+        self._unlock(h)
+        if h.row is not None:
+            self.rows.free(h.row)
 
     def flush(self) -> None:
         self.prefix.reset()
@@ -182,7 +257,9 @@ class KVCacheManager:
     def check_integrity(self, live: list[Req], device_row: DeviceRowReader | None = None) -> None:
         """free + cached + in-use pages = total; rows are not shared; with `device_row`, each
         live request's device table row holds its pages' slots."""
-        owned = sum(len(r.kv_pages) - r.shared_pages for r in live)
+        if leaked := set(self.held) - {r.rid for r in live}:
+            raise AssertionError(f"KV held by requests no longer live: {sorted(leaked)}")
+        owned = sum(len(h.pages) - h.shared_pages for h in self.held.values())
         cached = len(self.prefix.all_pages())
         free = self.allocator.num_free_pages
         if free + cached + owned != self.allocator.num_pages:
@@ -191,13 +268,14 @@ class KVCacheManager:
                 f"!= total {self.allocator.num_pages}"
             )
         self.prefix.check_integrity()
-        rows = [r.row for r in live if r.row is not None]
+        rows = [h.row for h in self.held.values() if h.row is not None]
         if len(rows) != len(set(rows)) or self.rows.available_size + len(rows) != self.rows.size:
             raise AssertionError("request rows leak or are shared")
         if device_row is None:
             return
         for r in live:
-            if r.row is not None and r.table_slots:
-                written = min(r.table_slots, r.kv_len)
-                if device_row(r.row, written) != self.slots(r, 0, written):
+            h = self.holding(r)
+            if h.row is not None and h.table_slots:
+                written = min(h.table_slots, h.kv_len)
+                if device_row(h.row, written) != self.slots(r, 0, written):
                     raise AssertionError(f"table row of {r.rid} does not match its pages")

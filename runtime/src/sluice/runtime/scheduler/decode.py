@@ -156,7 +156,7 @@ class DecodeManager:
             self.ratio.step()
         given_up = []
         for r in decodable():
-            if not self.cache.extend(r, r.kv_len + 1):  # alone and still too big for the pool
+            if not self.cache.extend(r, self.cache.kv_len(r) + 1):  # alone and still too big for the pool
                 self.remove(r)
                 given_up.append(r)
         return DecodeRows(decodable(), retraction, given_up)
@@ -187,7 +187,7 @@ class DecodeManager:
         while victims and not fits():
             victim = victims.pop(0)
             self.remove(victim)
-            freed += victim.kv_len
+            freed += self.cache.kv_len(victim)
             self.cache.release(victim)
             victim.retractions += 1
             retracted.append(victim)
@@ -206,7 +206,7 @@ class DecodeManager:
             victim = min(self.running.values(), key=key)
             self.remove(victim)
             retracted.append(victim)
-            freed += victim.kv_len
+            freed += self.cache.kv_len(victim)
             self.cache.release(victim)
             victim.retractions += 1
         self.ratio.after_retraction(list(self.running.values()))

@@ -22,6 +22,7 @@ from sluice.runtime.engine.engine_faults import is_unrecoverable
 from sluice.runtime.ipc.messages import FinishReason
 from sluice.runtime.ipc.sockets import send
 from sluice.runtime.scheduler.batch import ScheduledBatch
+from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.request import Req
 
 logger = logging.getLogger("sluice.scheduler")
@@ -39,22 +40,23 @@ def batch_error(exc: BaseException) -> FinishReason:
     )
 
 
-def roll_back_uncomputed(batch: ScheduledBatch) -> None:
-    """A failed forward's KV is garbage: each of its requests keeps only the positions
-    earlier forwards computed, so releasing it caches nothing the failed one wrote."""
-    for req, start in zip(batch.reqs, batch.starts, strict=True):
-        req.kv_len = min(req.kv_len, start)
 
 
 def fail_batch(
-    batch: ScheduledBatch, exc: Exception, finish: Callable[[Req, FinishReason], None]
+    batch: ScheduledBatch,
+    exc: Exception,
+    cache: KVCacheManager,
+    finish: Callable[[Req, FinishReason], None],
 ) -> None:
     """The forward of `batch` raised: its requests end with an error naming the cause and
-    the KV it was writing is dropped; raises `EngineDead` when the engine cannot go on."""
+    the KV it was writing is dropped (each keeps only the positions earlier forwards
+    computed, so releasing it caches nothing the failed one wrote); raises `EngineDead`
+    when the engine cannot go on."""
     rids = [r.rid for r in batch.reqs]
     logger.error("forward failed: %d requests end with an error rids=%s", len(rids), rids,
                  exc_info=exc)  # fmt: skip
-    roll_back_uncomputed(batch)
+    for req, start in zip(batch.reqs, batch.starts, strict=True):
+        cache.roll_back(req, start)
     reason = batch_error(exc)
     for req in batch.reqs:
         if not req.is_finished:

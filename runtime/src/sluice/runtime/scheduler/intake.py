@@ -110,7 +110,7 @@ class Intake:
 
     def _problem(self, req: Req, room: int) -> str:
         vocab = self.rules.vocab_size
-        if req.rid in self.requests:
+        if req.rid in self.requests or self._cache.holds_id(req.rid):  # the latter: finishing
             return f"duplicate request id {req.rid}"
         if not req.input_ids or room < 1:
             return (

@@ -125,7 +125,7 @@ class PrefillAdder:
             return AddResult.NO_TOKEN_BUDGET
         if not self.lora_fits(req):
             return AddResult.NO_LORA_SLOT
-        fresh = req.row is None
+        fresh = not self.cache.has_row(req)
         if fresh and self.cache.free_rows == 0:
             return AddResult.NO_SLOT
         if fresh:
@@ -136,8 +136,9 @@ class PrefillAdder:
         return result
 
     def _try_add(self, req: Req) -> AddResult:
-        take = min(req.extend_len, self.tokens_left, self.chunk_size)
-        if take < req.extend_len:
+        todo = self.cache.extend_len(req)
+        take = min(todo, self.tokens_left, self.chunk_size)
+        if take < todo:
             take = self._page_aligned(req, take)
         if take <= 0:
             return AddResult.NO_TOKEN_BUDGET
@@ -146,8 +147,8 @@ class PrefillAdder:
             return AddResult.NO_KV
         if not self.cache.acquire_row(req):
             return AddResult.NO_SLOT
-        start = req.kv_len
-        chunked = take < req.extend_len
+        start = self.cache.kv_len(req)
+        chunked = take < todo
         before = self.cache.available_size
         if not self.cache.extend(req, start + take):
             return AddResult.NO_KV  # the caller's release returns the row
@@ -165,8 +166,9 @@ class PrefillAdder:
     def _page_aligned(self, req: Req, take: int) -> int:
         """Shorten a chunk so that it ends on a page boundary (full pages stay shareable)."""
         ps = self.cache.page_size
-        end = (req.kv_len + take) // ps * ps
-        return end - req.kv_len if end > req.kv_len else take
+        kv_len = self.cache.kv_len(req)
+        end = (kv_len + take) // ps * ps
+        return end - kv_len if end > kv_len else take
 
 
 @dataclass
@@ -230,10 +232,11 @@ class PrefillManager:
     def fits(self, req: Req, running_reserved: float) -> bool:
         """Whether `req` alone would be admitted now (a row, and KV for its whole life,
         counting what its cached prefix already holds), changing nothing."""
-        if req.row is None and self.cache.free_rows == 0:
+        fresh = not self.cache.has_row(req)
+        if fresh and self.cache.free_rows == 0:
             return False
-        cached = self.cache.peek(req) if req.row is None else 0
-        held = max(len(req.kv_pages), cached // self.cache.page_size)
+        cached = self.cache.peek(req) if fresh else 0
+        held = max(len(self.cache.holding(req).pages), cached // self.cache.page_size)
         end = req.seq_len + req.clipped_remaining_new_tokens
         need = max(0, self.cache.allocator.pages_for(end) - held) * self.cache.page_size
         return need <= self.cache.available_size - running_reserved

@@ -1,8 +1,10 @@
-"""`Req`: one generation request inside the scheduler, and the resources it holds.
+"""`Req`: one generation request inside the scheduler: what it is, what it asked for and
+what it has produced.
 
 A request has no state field: where it is (waiting, being chunked, decoding, finished but
 still used by an in-flight forward) is decided by which manager holds it, and only that
-manager moves it (see `scheduler.py`).
+manager moves it (see `scheduler.py`); what KV pages and table row it holds is the
+`KVCacheManager`'s (`cache.KVHolding`, by request id).
 """
 
 from __future__ import annotations
@@ -22,18 +24,8 @@ CLIP_MAX_NEW_TOKENS = 4096
 
 @dataclass(eq=False)
 class Req:
-    """A request and what it holds.
-
-    `kv_len` tokens of the sequence (prompt, then everything generated so far) have their
-    K/V in the pool, laid out on `kv_pages` (position p lives in page `kv_pages[p //
-    page_size]`); the leading `shared_pages` of them belong to the prefix cache, locked
-    through `prefix_node`. A retracted request gives all of it back and keeps its output,
-    so it re-prefills exactly what it had.
-
-    `row` is its row of the request tables while it holds KV. `table_slots` and
-    `table_tokens` say how far the device copies of that row (KV slots, token ids) have been
-    written by launched forwards; they restart at 0 with every new row.
-    """
+    """A request: its prompt and sampling parameters, its output so far, how it ended.
+    A retracted request keeps its output and re-prefills exactly what it had."""
 
     rid: str
     input_ids: list[int]
@@ -49,14 +41,6 @@ class Req:
     input_logprobs: list[float] = field(default_factory=list)
     matcher: Any = None  # constrained decoding: a GrammarMatcher in step with output_ids
     finish_reason: FinishReason | None = None
-    # resources
-    row: int | None = None
-    kv_pages: list[int] = field(default_factory=list)
-    kv_len: int = 0
-    shared_pages: int = 0
-    prefix_node: Any = None
-    table_slots: int = 0
-    table_tokens: int = 0
     # accounting
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (first admission)
     retractions: int = 0
@@ -88,11 +72,6 @@ class Req:
         if start < 0 or self.retractions:
             return None
         return max(1, start) + len(self.input_logprobs)
-
-    @property
-    def extend_len(self) -> int:
-        """Tokens still to prefill before this request can decode."""
-        return self.seq_len - self.kv_len
 
     @property
     def remaining_new_tokens(self) -> int:

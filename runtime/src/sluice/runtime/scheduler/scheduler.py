@@ -223,7 +223,7 @@ class Scheduler:
             prefill = self._schedule_prefill(self.config.max_prefill_tokens)
             if prefill is not None or not decoding:
                 self._prefill_streak = self._prefill_streak + 1 if decoding and prefill else 0
-                return batch_of(None, prefill)
+                return batch_of(None, prefill, self.cache)
         decode = self.decode.schedule(self.inflight.tokens_in_flight, allow_retract) if decoding else None
         if decode is NEED_SYNC:
             return NEED_SYNC
@@ -235,7 +235,7 @@ class Scheduler:
             budget = self.config.chunk_size - rows if rows else self.config.max_prefill_tokens
             prefill = self._schedule_prefill(budget)
         self._prefill_streak = 0
-        return batch_of(decode, prefill)
+        return batch_of(decode, prefill, self.cache)
 
     def _schedule_prefill(self, token_budget: int) -> PrefillBatch | None:
         budget = PrefillBudget(
@@ -304,7 +304,7 @@ class Scheduler:
     def _fail_batch(self, batch: ScheduledBatch, exc: Exception) -> None:
         self.counters.failed_batches += 1
         try:
-            fail_batch(batch, exc, self.intake.finish)
+            fail_batch(batch, exc, self.cache, self.intake.finish)
         finally:
             self.inflight.release_unused(self.cache)
         self._faulted = True
