@@ -154,3 +154,26 @@ def test_llama_mistral_and_qwen2_share_one_implementation() -> None:
 def test_unknown_architecture_names_the_supported_ones() -> None:
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*supported: LlamaForCausalLM"):
         architecture_for(config(architectures=["GPT2LMHeadModel"], model_type="gpt2"))
+
+
+def test_gemma2_scale_and_soft_caps_are_read_once_into_the_config() -> None:
+    gemma2 = config(architectures=["Gemma2ForCausalLM"], model_type="gemma2",
+                    hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=256,
+                    attn_logit_softcapping=50.0, final_logit_softcapping=30.0)  # fmt: skip
+    assert (gemma2.attention_scale, gemma2.attention_softcap) == (256**-0.5, 50.0)
+    assert gemma2.final_logit_softcap == 30.0
+    gemma3 = config(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                    hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None)  # fmt: skip
+    assert gemma3.attention_scale == 16**-0.5  # no query_pre_attn_scalar: head_dim
+    assert gemma3.attention_softcap is None and gemma3.final_logit_softcap is None
+    assert config().attention_scale is None  # Llama: the backend's own scale
+
+
+def test_gpt_oss_experts_are_read_once_into_the_config() -> None:
+    gpt_oss = config(architectures=["GptOssForCausalLM"], model_type="gpt_oss",
+                     num_local_experts=8, num_experts_per_tok=2, swiglu_limit=5.0)  # fmt: skip
+    moe = gpt_oss.moe
+    assert moe is not None and moe.clamp is not None
+    assert (moe.num_experts, moe.top_k, moe.intermediate_size) == (8, 2, 128)
+    assert (moe.clamp.alpha, moe.clamp.limit) == (1.702, 5.0)
+    assert moe.sparse_layers == (0, 1)

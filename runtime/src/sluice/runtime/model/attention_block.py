@@ -5,8 +5,8 @@ One fused q/k/v projection, split; an optional per-head norm of q and k before R
 RMSNorm, Gemma 3's `(1 + weight)` one: whatever `norm` the family passes, built when
 `config.qk_norm`); RoPE with the cos/sin the model computed for the layer; the attention
 backend with the layer's `LayerAttention`; the output projection. What the families differ
-in is data, not code: the norm class, and the layer's options (window, soft-cap, scale, and
-gpt-oss's learned sinks, a parameter of this block).
+in is data, not code: the norm class, the config's attention options (window, soft-cap,
+scale), and gpt-oss's learned sinks (a parameter of this block).
 
 The parameter names (`qkv_proj`, `o_proj`, `q_norm`, `k_norm`, `sinks`) are what the weight
 rules, the LoRA layers and W8A8 quantization find by name.
@@ -33,10 +33,11 @@ NormFactory = Callable[[int, float, torch.device | str, torch.dtype], nn.Module]
 class Attention(nn.Module):
     """q/k/v -> per-head q/k norm (with `config.qk_norm`) -> RoPE -> backend -> o.
 
-    `options`: the layer's window, soft-cap and scale (default: its window from the config,
-    the backend's scale). `sinks`: a learned sink logit per query head (gpt-oss), a parameter
-    loaded with the weights; `options.sinks` is that parameter itself, which loading fills
-    in place, so the record built here stays the one the backend reads."""
+    `options` (the layer's `LayerAttention`) comes from the config: the layer's window,
+    `attention_softcap`, `attention_scale`. `sinks`: a learned sink logit per query head
+    (gpt-oss), a parameter loaded with the weights; `options.sinks` is that parameter
+    itself, which loading fills in place, so the record built here stays the one the
+    backend reads."""
 
     fused = False  # RoPE as one compiled CPU op (model.cpu_fused_ops)
 
@@ -47,7 +48,6 @@ class Attention(nn.Module):
         device: torch.device | str,
         dtype: torch.dtype,
         *,
-        options: LayerAttention | None = None,
         norm: NormFactory = RMSNorm,
         sinks: bool = False,
     ) -> None:
@@ -67,8 +67,11 @@ class Attention(nn.Module):
         if config.qk_norm:  # over each head's features, before RoPE
             self.q_norm = norm(config.head_dim, config.rms_norm_eps, device, dtype)
             self.k_norm = norm(config.head_dim, config.rms_norm_eps, device, dtype)
-        if options is None:
-            options = LayerAttention(window=config.window_for(layer_id))
+        options = LayerAttention(
+            window=config.window_for(layer_id),
+            softcap=config.attention_softcap,
+            scale=config.attention_scale,
+        )
         if sinks:
             self.sinks = nn.Parameter(
                 torch.empty(config.num_attention_heads, device=device, dtype=torch.float32),

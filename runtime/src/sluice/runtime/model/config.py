@@ -48,6 +48,15 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class SwiGLUClamp:
+    """gpt-oss's expert activation: `gate <= limit`, `-limit <= up <= limit`, then
+    `(up + 1) * gate * sigmoid(alpha * gate)` (`swiglu_alpha`, `swiglu_limit`)."""
+
+    alpha: float = 1.702
+    limit: float = 7.0
+
+
+@dataclass(frozen=True)
 class MoEOptions:
     """A mixture-of-experts MLP: `num_experts` SwiGLU experts of `intermediate_size` features,
     `top_k` of them per token, chosen by a softmax router; `renormalize` rescales the chosen
@@ -60,6 +69,7 @@ class MoEOptions:
     intermediate_size: int
     renormalize: bool
     sparse_layers: tuple[int, ...]
+    clamp: SwiGLUClamp | None = None  # gpt-oss's clamped activation; None: plain SwiGLU
 
 
 @dataclass(frozen=True)
@@ -92,7 +102,15 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()
     # the RoPE base of sliding layers where it differs from `rope_theta` (Gemma 3's local base)
     rope_local_theta: float | None = None
-    # the whole (text) config.json, for the settings only one family reads (Gemma's soft-caps)
+    # the attention scores' scale; None: the backend's `1 / sqrt(head_dim)` (Gemma:
+    # `query_pre_attn_scalar ** -0.5`)
+    attention_scale: float | None = None
+    # scores soft-capped to `cap * tanh(score / cap)` (Gemma 2's `attn_logit_softcapping`)
+    attention_softcap: float | None = None
+    # the final logits soft-capped likewise (Gemma 2's `final_logit_softcapping`)
+    final_logit_softcap: float | None = None
+    # the whole (text) config.json, for the families' `read_options` (model code reads the
+    # typed fields above, never this)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property

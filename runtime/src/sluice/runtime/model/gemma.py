@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sluice.runtime.attention.base import AttentionBackend, LayerAttention
+from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.model.architecture import Architecture, WeightRule
@@ -79,18 +79,6 @@ class GeGLUMLP(nn.Module):
         return self.down_proj(F.gelu(gate, approximate="tanh") * up)
 
 
-def attention_options(config: ModelConfig, layer_id: int) -> LayerAttention:
-    """Layer `layer_id`'s window, soft-cap and scale."""
-    raw = config.raw
-    scalar = raw.get("query_pre_attn_scalar") or config.head_dim
-    softcap = raw.get("attn_logit_softcapping")
-    return LayerAttention(
-        window=config.window_for(layer_id),
-        softcap=float(softcap) if softcap else None,
-        scale=float(scalar) ** -0.5,
-    )
-
-
 class GemmaDecoderLayer(nn.Module):
     def __init__(
         self,
@@ -105,10 +93,7 @@ class GemmaDecoderLayer(nn.Module):
         eps, hidden = config.rms_norm_eps, config.hidden_size
         for name in _NORMS:
             setattr(self, name, GemmaRMSNorm(hidden, eps, device, dtype))
-        self.self_attn = Attention(
-            config, layer_id, device, dtype, options=attention_options(config, layer_id),
-            norm=GemmaRMSNorm,
-        )  # fmt: skip
+        self.self_attn = Attention(config, layer_id, device, dtype, norm=GemmaRMSNorm)
         self.sliding = config.window_for(layer_id) is not None
         self.mlp = GeGLUMLP(hidden, config.intermediate_size, device, dtype)
 
@@ -146,8 +131,7 @@ class GemmaForCausalLM(CausalLM):
         local_theta = config.rope_local_theta or config.rope_theta
         self.local_rotary = RotaryEmbedding(config.head_dim, local_theta, RopeScaling(), device)
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
-        softcap = config.raw.get("final_logit_softcapping")
-        self.final_softcap = float(softcap) if softcap else None
+        self.final_softcap = config.final_logit_softcap
         self.uses_sliding = any(config.window_for(i) for i in range(config.num_hidden_layers))
 
     @torch.no_grad()
@@ -173,7 +157,18 @@ def _read_options(raw: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]
     if act != "gelu_pytorch_tanh":
         raise ValueError(f"Gemma's MLP is GeGLU (gelu_pytorch_tanh); hidden_activation={act!r} "
                          "is not supported")  # fmt: skip
-    return {"qk_norm": str(raw.get("model_type", "")).startswith("gemma3")}
+    scalar = raw.get("query_pre_attn_scalar") or config.head_dim
+    return {
+        "qk_norm": str(raw.get("model_type", "")).startswith("gemma3"),
+        "attention_scale": float(scalar) ** -0.5,
+        "attention_softcap": _positive(raw.get("attn_logit_softcapping")),
+        "final_logit_softcap": _positive(raw.get("final_logit_softcapping")),
+    }
+
+
+def _positive(value: Any) -> float | None:
+    """A soft-cap of config.json: None (or 0) turns it off."""
+    return float(value) if value else None
 
 
 GEMMA_RULES = (

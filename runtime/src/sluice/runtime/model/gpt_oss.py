@@ -23,13 +23,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from sluice.runtime.attention.base import AttentionBackend, LayerAttention
+from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.model.architecture import Architecture, WeightRule
 from sluice.runtime.model.attention_block import Attention
 from sluice.runtime.model.causal_lm import CausalLM
-from sluice.runtime.model.config import ModelConfig
+from sluice.runtime.model.config import ModelConfig, MoEOptions, SwiGLUClamp
 from sluice.runtime.model.layers import Linear
 from sluice.runtime.model.llama import attention_rules, common_rules
 
@@ -71,12 +71,12 @@ class GptOssExperts(nn.Module):
 
     def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype):
         super().__init__()
-        raw = config.raw
-        experts = int(raw.get("num_local_experts") or raw["num_experts"])
-        self.top_k = int(raw.get("num_experts_per_tok", 4))
-        self.alpha = float(raw.get("swiglu_alpha", 1.702))
-        self.limit = float(raw.get("swiglu_limit", 7.0))
-        hidden, inter = config.hidden_size, config.intermediate_size
+        moe = config.moe
+        if moe is None or moe.clamp is None:
+            raise ValueError("gpt-oss experts need the config's MoE options and SwiGLU clamp")
+        experts, self.top_k = moe.num_experts, moe.top_k
+        self.alpha, self.limit = moe.clamp.alpha, moe.clamp.limit
+        hidden, inter = config.hidden_size, moe.intermediate_size
         self.router = Linear(hidden, experts, True, device, dtype)
 
         def param(*shape: int) -> nn.Parameter:
@@ -114,8 +114,7 @@ class GptOssDecoderLayer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = GptOssRMSNorm(config.hidden_size, eps, device, dtype)
-        options = LayerAttention(window=config.window_for(layer_id), scale=config.head_dim**-0.5)
-        self.self_attn = Attention(config, layer_id, device, dtype, options=options, sinks=True)
+        self.self_attn = Attention(config, layer_id, device, dtype, sinks=True)
         self.post_attention_layernorm = GptOssRMSNorm(config.hidden_size, eps, device, dtype)
         self.mlp = GptOssExperts(config, device, dtype)
 
@@ -177,7 +176,16 @@ class GptOssForCausalLM(CausalLM):
 def _read_options(raw: Mapping[str, Any], config: ModelConfig) -> dict[str, Any]:
     if config.hidden_act != "silu":
         raise ValueError(f"gpt-oss experts are SwiGLU (silu), not {config.hidden_act!r}")
-    return {}
+    moe = MoEOptions(
+        num_experts=int(raw.get("num_local_experts") or raw["num_experts"]),
+        top_k=int(raw.get("num_experts_per_tok", 4)),
+        intermediate_size=config.intermediate_size,
+        renormalize=True,  # a softmax over the chosen logits
+        sparse_layers=tuple(range(config.num_hidden_layers)),
+        clamp=SwiGLUClamp(float(raw.get("swiglu_alpha", 1.702)), float(raw.get("swiglu_limit", 7.0))),
+    )  # fmt: skip
+    # transformers scales by `head_dim ** -0.5`, a bit away from `1 / sqrt(head_dim)` for some
+    return {"moe": moe, "attention_scale": config.head_dim**-0.5}
 
 
 def _literal(hf: str, target: str) -> WeightRule:

@@ -81,6 +81,8 @@ class MoE(nn.Module):
         dtype: torch.dtype,
     ) -> None:
         super().__init__()
+        if options.clamp is not None:
+            raise ValueError("clamped SwiGLU experts (gpt-oss's) are not implemented by this MoE")
         self.num_experts = options.num_experts
         self.top_k = options.top_k
         self.renormalize = options.renormalize
