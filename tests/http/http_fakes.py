@@ -27,6 +27,8 @@ class FakeTM:
     context_len: int = CONTEXT_LEN
     is_ready: bool = True
     draining: bool = False
+    down: str | None = None  # why the engine is down
+    stats: Any = None  # the scheduler's latest SchedulerStats (none yet)
     reply: list[str] = field(default_factory=lambda: list(REPLY))
     finish: FinishReason = field(default_factory=lambda: FinishReason("stop", matched_token=2))
     hang: bool = False  # after the reply, wait forever instead of finishing

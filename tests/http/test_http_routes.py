@@ -5,7 +5,7 @@ from fastapi.testclient import TestClient
 from http_fakes import CONTEXT_LEN, MODEL, FakeTM
 
 from sluice.runtime.entrypoints.http_server import build_app
-from sluice.runtime.ipc.messages import FinishReason
+from sluice.runtime.ipc.messages import FinishReason, SchedulerStats
 from sluice.runtime.server_args import ServerArgs
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "What is the capital?"}]}
@@ -177,12 +177,27 @@ def test_health_is_200_only_when_ready_and_not_draining(client, tm):
     assert client.get("/health").status_code == 503
 
 
+def test_health_and_liveness_say_engine_down_once_the_engine_is_gone(client, tm):
+    assert client.get("/health/live").json() == {"status": "alive"}
+    tm.is_ready, tm.down = False, "the scheduler process exited with code -9"
+    for path in ("/health", "/health/live"):
+        r = client.get(path)
+        assert (r.status_code, r.json()) == (503, {"status": "engine-down"})
+
+
 def test_server_info_has_the_args_without_the_key_and_the_managers_info(tokenizer):
     app = build_app(FakeTM(tokenizer), ServerArgs(model="/m", api_key="sekret"))
     with TestClient(app) as c:
         info = c.get("/server_info", headers={"Authorization": "Bearer sekret"}).json()
     assert info["model"] == "/m" and info["page_size"] == 1 and info["context_len"] == CONTEXT_LEN
     assert "api_key" not in info and "sekret" not in str(info)
+
+
+def test_server_info_carries_the_schedulers_latest_stats(client, tm):
+    assert "scheduler_stats" not in client.get("/server_info").json()
+    tm.stats = SchedulerStats(running_requests=2, max_total_tokens=512)
+    stats = client.get("/server_info").json()["scheduler_stats"]
+    assert stats["running_requests"] == 2 and stats["max_total_tokens"] == 512
 
 
 def test_the_api_key_guards_every_route_but_health_and_metrics(tokenizer):

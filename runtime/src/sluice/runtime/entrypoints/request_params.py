@@ -230,9 +230,10 @@ def kept_stop_text(reason: FinishReason | None, keep: bool) -> str:
     return ""
 
 
-def capabilities_of(tm: Any, args: Any) -> Capabilities:
+def capabilities_of(features: frozenset[str], args: Any) -> Capabilities:
+    """`features`: what the scheduler said it implements (SchedulerReady.features)."""
     return Capabilities(
-        features=frozenset(getattr(tm, "features", ())),
+        features=frozenset(features),
         max_top_logprobs=args.max_top_logprobs,
         schedule_policy=args.schedule_policy,
         tool_call_parser=args.tool_call_parser,

@@ -1,0 +1,348 @@
+"""The steps every generation route takes, over the TokenizerManager (SGLang's
+serving_base shape); each route is a subclass in a module of its own (`serving_chat`,
+`serving_completions`, `serving_generate`) that strings these steps together:
+
+parse and validate the body -> check the model -> tokenize (on the tokenizer thread) ->
+build each choice's `SamplingParams` -> `start` one `tm.generate` per choice (prompts x n)
+-> either `collect` the chunks into one response or stream them (`events`).
+
+A client that goes away aborts its requests: a streaming response listens for the
+disconnect and closes its generators; `collect` races the generation against
+`http.disconnect`. Closing a `tm.generate` iterator sends the scheduler an abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from sluice.runtime.disconnect import unless_disconnected
+from sluice.runtime.entrypoints.constraints import ConstraintError, request_constraint
+from sluice.runtime.entrypoints.errors import (
+    ProtocolError,
+    as_protocol_error,
+    from_validation_error,
+    model_not_found,
+    not_supported_yet,
+)
+from sluice.runtime.entrypoints.json_body import load_json_body
+from sluice.runtime.entrypoints.logprobs import TokenBytes
+from sluice.runtime.entrypoints.lora_api import LoraAdapters
+from sluice.runtime.entrypoints.openai_protocol import ChatCompletionRequest, CompletionRequest
+from sluice.runtime.entrypoints.openai_responses import usage_of
+from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded, TooManyChoices
+from sluice.runtime.entrypoints.request_params import (
+    Capabilities,
+    capabilities_of,
+    check_capabilities,
+    check_token_ids,
+    per_choice_params,
+    to_sampling_params,
+    truncate_prompt,
+)
+from sluice.runtime.entrypoints.streaming import (
+    SSE_DONE,
+    ChoiceStreams,
+    Chunk,
+    Collected,
+    EventFormat,
+    sse_event,
+)
+from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST, GenerateChunk
+from sluice.runtime.ipc.messages import Constraint, FinishReason, SamplingParams, SchedulerStats
+from sluice.runtime.server_args import ServerArgs
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+OpenAIRequest = CompletionRequest | ChatCompletionRequest
+
+
+class TokenizerManagerLike(Protocol):
+    """What the routes use of the `TokenizerManager` (the tests serve a scripted fake)."""
+
+    tokenizer: Any  # a Hugging Face tokenizer
+    served_model_name: str
+    context_len: int
+    vocab_size: int
+    features: frozenset[str]  # SchedulerReady.features
+    is_ready: bool
+    draining: bool
+
+    @property
+    def down(self) -> str | None: ...  # why the engine is down; None while it serves
+
+    @property
+    def stats(self) -> SchedulerStats | None: ...  # the scheduler's latest
+
+    def check_admission(self, n: int) -> None: ...
+    async def prefill_only(self, input_ids: list[int]) -> None: ...
+    def generate(
+        self, input_ids: list[int], sampling: SamplingParams, rid: str | None = None
+    ) -> AsyncIterator[GenerateChunk]: ...
+    def abort(self, rid: str) -> list[str]: ...
+    def abort_all(self) -> list[str]: ...
+    def scheduler_stalled(self, timeout_s: float) -> bool: ...
+    def server_info(self) -> dict[str, Any]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One generation: a prompt's ids, one choice's params, and its rid."""
+
+    ids: list[int]
+    params: SamplingParams
+    rid: str
+
+
+def fan_out(
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    ns: list[int],
+    rid: str,
+    rids: list[str] | None = None,
+) -> list[Job]:
+    """Prompt-major jobs (choice index = prompt * n + j, as OpenAI indexes them); n > 1
+    choices get seeds `seed + j` and rids `<rid>-<j>`; prompt i of several is `<rid>-p<i>`
+    unless the client named each (`rids`)."""
+    jobs = []
+    for i, (ids, p, n) in enumerate(zip(prompts, params, ns, strict=True)):
+        base = rids[i] if rids else (rid if len(prompts) == 1 else f"{rid}-p{i}")
+        for j, q in enumerate(per_choice_params(p, n, random.getrandbits(63))):
+            jobs.append(Job(ids, q, base if n == 1 else f"{base}-{j}"))
+    return jobs
+
+
+def is_failure(reason: FinishReason | None, abort_is_error: bool) -> bool:
+    """An end the client gets as an error: an engine fault or a timeout, everywhere; an
+    abort it did not ask for, where `abort_is_error` (POST /abort_request aborts, and
+    /generate's server-side aborts, are reported in band)."""
+    if reason is None:
+        return False
+    if reason.kind in ("error", "timeout"):
+        return True
+    return abort_is_error and reason.kind == "abort" and reason.message != ABORTED_BY_REQUEST
+
+
+@dataclasses.dataclass
+class ServingContext:
+    """What every route shares, one per app: the TokenizerManager, the flags, the LoRA
+    adapters, and the one thread that tokenizes."""
+
+    tm: TokenizerManagerLike
+    args: ServerArgs
+    lora: LoraAdapters
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    # tokenization and chat templates run here, one at a time (a fast tokenizer is not
+    # safe to call from several threads), so a long prompt never stalls the event loop
+    tokenizing: ThreadPoolExecutor = dataclasses.field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+    )
+
+    @functools.cached_property
+    def token_bytes(self) -> TokenBytes:
+        """Each token's bytes, for logprobs (built on first use: it reads the vocabulary)."""
+        return TokenBytes.of(self.tm.tokenizer)
+
+
+class ServingBase:
+    """The shared steps; a route subclass adds `handle(request)`."""
+
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+        self.tm = ctx.tm
+        self.args = ctx.args
+        self.lora = ctx.lora
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` on the tokenizer thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.ctx.tokenizing, functools.partial(fn, *args, **kwargs))
+
+    @property
+    def caps(self) -> Capabilities:
+        return capabilities_of(self.tm.features, self.args)
+
+    def token_bytes(self, as_ids: bool = False) -> TokenBytes:
+        """`as_ids`: vLLM's return_tokens_as_token_ids."""
+        return self.ctx.token_bytes.with_ids(as_ids)
+
+    # --- the request ------------------------------------------------------------------------
+    async def parse(self, request: Request, model: type[M]) -> M:
+        data = load_json_body(await request.body())
+        if not isinstance(data, dict):
+            raise ProtocolError("The request body must be a JSON object.", code="invalid_json")
+        try:
+            req = model.model_validate(data)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from exc
+        problem = req.unsupported()  # type: ignore[attr-defined]
+        if problem is not None:
+            raise problem
+        req.check()  # type: ignore[attr-defined]
+        if self.tm.draining:
+            raise ProtocolError(
+                "The server is shutting down.", status=503, type="server_error", code="draining"
+            )
+        return req
+
+    def check_model(self, model: str | None) -> str:
+        served = (None, self.tm.served_model_name, self.args.model)
+        if model not in served and self.lora.get(model) is None:
+            raise model_not_found(model or "")
+        return model or self.tm.served_model_name
+
+    def lora_id(self, model: str | None) -> int:
+        """The adapter a (checked) `model` names; 0 for the base model."""
+        adapter = self.lora.get(model) if model not in (None, self.tm.served_model_name) else None
+        return adapter.lora_id if adapter is not None else 0
+
+    def encode(
+        self, prompt: str | list[int], add_special_tokens: bool = True, param: str = "prompt"
+    ) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tm.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        check_token_ids(prompt, self.tm.vocab_size, param)
+        return list(prompt)
+
+    def constraint(self, req: Any, prefix: str = "") -> tuple[str, Constraint] | None:
+        try:
+            return request_constraint(req, prefix)
+        except ConstraintError as exc:
+            raise ProtocolError(str(exc), param=exc.param, code="invalid_constraint") from exc
+
+    # --- the OpenAI routes' sampling ----------------------------------------------------------
+    def check_sampling(
+        self, req: OpenAIRequest, constraint: tuple[str, Constraint] | None, top_param: str
+    ) -> None:
+        """Refuse what the scheduler cannot do for this request (`top_param`: the field
+        that asks for top logprobs)."""
+        prompt_logprobs = "prompt_logprobs" if req.prompt_logprobs is not None else None
+        check_capabilities(
+            self.caps, constraint=constraint, top_logprobs=req.top_logprobs_num(),
+            top_param=top_param, priority=req.priority, prompt_logprobs=prompt_logprobs,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
+        )  # fmt: skip
+        if prompt_logprobs:
+            raise not_supported_yet("prompt_logprobs", "vLLM's prompt_logprobs")
+
+    def sampling_params(
+        self,
+        req: OpenAIRequest,
+        encoded: list[list[int]],
+        constraint: tuple[str, Constraint] | None,
+    ) -> tuple[list[list[int]], list[SamplingParams]]:
+        """The prompts (truncated as the request asks) and each one's `SamplingParams`."""
+        ctx = self.tm.context_len
+        prompts = [
+            truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side, ctx)
+            for ids in encoded
+        ]
+        c = constraint[1] if constraint else None
+        params = [to_sampling_params(req, len(ids), ctx, c) for ids in prompts]
+        for p in params:
+            p.lora_id = self.lora_id(req.model)
+        return prompts, params
+
+    # --- the generation ---------------------------------------------------------------------
+    async def start(self, jobs: list[Job], stop_param: str = "stop_token_ids") -> ChoiceStreams:
+        """Start every job. The generators run to their first wait before this returns, so
+        an up-front rejection (ValueError, raised before the TokenizerManager's first
+        await) is a 400 even for a stream, and a full server a 503. A prompt shared by
+        several jobs (n > 1) is prefilled once first, so the others reuse it from the
+        prefix cache (SGLang's way)."""
+        for j in jobs:
+            check_token_ids(j.params.stop_token_ids, self.tm.vocab_size, stop_param)
+        try:
+            self.tm.check_admission(len(jobs))  # all the choices, or none
+        except TooManyChoices as exc:
+            raise ProtocolError(str(exc), param="n") from exc
+        except (Overloaded, EngineDown) as exc:
+            raise as_protocol_error(exc) from exc
+        if not self.args.disable_radix_cache and not any(j.params.lora_id for j in jobs):
+            shared = {tuple(j.ids) for j in jobs if sum(k.ids == j.ids for k in jobs) > 1}
+            await asyncio.gather(*(self.tm.prefill_only(list(ids)) for ids in shared))
+        streams = ChoiceStreams([self.tm.generate(j.ids, j.params, j.rid) for j in jobs])
+        await asyncio.sleep(0)
+        if streams.first_error is not None:
+            await streams.aclose()
+            raise as_protocol_error(streams.first_error)
+        return streams
+
+    async def collect(
+        self, request: Request, streams: ChoiceStreams, n: int, abort_is_error: bool = True
+    ) -> list[Collected]:
+        """Every choice's output; all are aborted if the client goes away first."""
+
+        async def run() -> list[Collected]:
+            choices = [Collected() for _ in range(n)]
+            try:
+                async for index, chunk in streams:
+                    choices[index].add(chunk)
+            except Exception as exc:
+                raise as_protocol_error(exc) from exc
+            finally:
+                await streams.aclose()
+            return choices
+
+        choices = await unless_disconnected(request, run())
+        for c in choices:
+            if c.last is None or c.last.finished is None:  # ended without a finish: lost
+                raise self.failure(c.last)
+            if is_failure(c.last.finished, abort_is_error):
+                raise self.failure(c.last)
+        return choices
+
+    def failure(self, chunk: Chunk) -> ProtocolError:
+        """The error a client gets for a request the server could not complete: 500 naming
+        the cause for an engine fault, 408 past --request-timeout, 500 (503 while
+        draining) for a server-side abort."""
+        reason = chunk.finished if chunk is not None else None
+        message = (reason.message if reason else "") or "The request was aborted by the server."
+        kind = reason.kind if reason is not None else "abort"
+        if kind == "timeout":
+            return ProtocolError(message, status=408, type="server_error", code="request_timeout")
+        if kind == "error":
+            return ProtocolError(message, status=500, type="server_error", code="engine_error")
+        status = 503 if self.tm.draining else 500
+        return ProtocolError(message, status=status, type="server_error", code="request_aborted")
+
+    async def events(
+        self,
+        streams: ChoiceStreams,
+        fmt: EventFormat,
+        n: int,
+        include_usage: bool,
+        abort_is_error: bool,
+        n_per_prompt: int = 1,
+    ) -> AsyncIterator[str]:
+        """The SSE body: `fmt`'s events per chunk, then usage if asked, then [DONE]. A
+        server-side abort or failure becomes an error event in OpenAI's shape."""
+        finals: dict[int, Chunk] = {}
+        try:
+            for event in fmt.prelude():
+                yield event
+            async for index, chunk in streams:
+                if is_failure(chunk.finished, abort_is_error):
+                    yield sse_event(self.failure(chunk).body())
+                    break
+                for event in fmt.on_chunk(index, chunk):
+                    yield event
+                if chunk.finished is not None:
+                    finals[index] = chunk
+            else:
+                if include_usage and len(finals) == n:
+                    yield fmt.usage(usage_of([finals[i] for i in range(n)], n_per_prompt))
+        except Exception as exc:
+            yield sse_event(as_protocol_error(exc).body())
+        finally:
+            await streams.aclose()
+        yield SSE_DONE
