@@ -70,20 +70,24 @@ class Counters:
     prefill_rows: int = 0  # requests (or chunks) those ticks prefilled
     failed_batches: int = 0  # forwards that raised
     integrity_checks: int = 0  # pool integrity checks passed
+    # seconds each request admitted since the last take_queue_times() waited in the queue
+    queue_times: list[float] = field(default_factory=list)
 
-    def prefilled(self, batch: PrefillBatch, now: float) -> list[float]:
-        """Count a prefill batch; returns the seconds each request it admitted
-        (`batch.admitted`) waited in the queue, and records their cached prompt tokens."""
+    def prefilled(self, batch: PrefillBatch, now: float) -> None:
+        """Count a prefill batch: how long each request it admitted (`batch.admitted`)
+        waited in the queue, and their cached prompt tokens."""
         self.prefill_batches += 1
         self.prefill_rows += len(batch.reqs)
-        waited = []
         for req, start in zip(batch.reqs, batch.starts, strict=True):
             if req in batch.admitted:
                 req.cached_tokens = start
                 self.prompt_tokens += len(req.input_ids)
                 self.cached_prompt_tokens += start
-                waited.append(max(0.0, now - req.arrival_time))
-        return waited
+                self.queue_times.append(max(0.0, now - req.arrival_time))
+
+    def take_queue_times(self) -> list[float]:
+        times, self.queue_times = self.queue_times, []
+        return times
 
 
 def token_output(reqs: list[Req]) -> BatchTokenIDOut:

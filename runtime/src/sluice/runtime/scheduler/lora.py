@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.runtime.ipc.messages import LoadLoraReq, LoraOpResult, UnloadLoraReq
@@ -31,6 +31,15 @@ LORA_OFF = "LoRA is off: start the server with --enable-lora"
 @dataclass
 class AdapterGate:
     manager: Any = None  # the worker's LoraManager; None: LoRA is off
+    replies: list[LoraOpResult] = field(default_factory=list)  # answers not yet sent
+
+    def handle(self, msg: LoadLoraReq | UnloadLoraReq, live: Iterable[Req]) -> None:
+        """Carry out `msg` and keep its answer for `take_replies`."""
+        self.replies.append(self.op(msg, live))
+
+    def take_replies(self) -> list[LoraOpResult]:
+        replies, self.replies = self.replies, []
+        return replies
 
     def op(self, msg: LoadLoraReq | UnloadLoraReq, live: Iterable[Req]) -> LoraOpResult:
         """Load or unload an adapter; an unload waits (409) while `live` requests use it."""

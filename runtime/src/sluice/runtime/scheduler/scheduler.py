@@ -122,11 +122,9 @@ class Scheduler:
         )  # fmt: skip
         self.timing = TickTiming()
         self.counters = Counters()
-        self._queue_times: list[float] = []  # admitted since the last take_queue_times()
         self._prefill_streak = 0  # prefill-only ticks in a row while requests were decoding
         self._retracted: list[str] = []  # by this tick's schedule
         self._faulted = False  # a batch was lost this tick: verify before the next one
-        self._replies: list[LoraOpResult] = []  # answers to LoRA loads and unloads
 
     @property
     def ratio(self) -> NewTokenRatio:
@@ -151,7 +149,7 @@ class Scheduler:
         elif isinstance(msg, AbortReq):
             self.abort(msg.rid)
         elif isinstance(msg, (LoadLoraReq, UnloadLoraReq)):
-            self._replies.append(self.adapters.op(msg, self.live_requests()))
+            self.adapters.handle(msg, self.live_requests())
         elif isinstance(msg, StopReq):
             if (req := self.intake.get(msg.rid)) is not None:
                 self.intake.finish(req, FinishReason("stop", matched_str=msg.matched_str))
@@ -249,7 +247,7 @@ class Scheduler:
                 assert stuck is not None
                 self.intake.finish(stuck, FinishReason("abort", message="KV pool exhausted"))
             return None
-        self._queue_times += self.counters.prefilled(batch, time.time())
+        self.counters.prefilled(batch, time.time())
         # prompts completing here decode next; their first token is sampled by this batch
         # (a prefill-only request, max_new_tokens 0, is done once its prompt is computed)
         self.decode.add([r for r, done in zip(batch.reqs, batch.complete, strict=True)
@@ -370,14 +368,12 @@ class Scheduler:
 
     def take_replies(self) -> list[LoraOpResult]:
         """Answers to LoRA loads and unloads since the last call."""
-        replies, self._replies = self._replies, []
-        return replies
+        return self.adapters.take_replies()
 
     def take_queue_times(self) -> list[float]:
         """Seconds each request admitted since the last call waited (arrival to its first
         admission into a batch; re-admissions after a retraction are not counted)."""
-        times, self._queue_times = self._queue_times, []
-        return times
+        return self.counters.take_queue_times()
 
     def check_integrity(self) -> None:
         self.executor.wait_idle()  # the device tables are compared too
