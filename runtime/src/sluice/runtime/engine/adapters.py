@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import BUNDLED_MODEL_NAME, BUNDLED_SERVED_NAME
 from sluice.runtime.engine.config import EngineConfig
+from sluice.runtime.lora.layout import model_lora_layout
 from sluice.runtime.lora.manager import LoraConfig, LoraManager, base_model_names
 from sluice.runtime.lora.spec import parse_lora_modules
 
@@ -26,10 +27,10 @@ def create_lora_manager(
         return None
     config = LoraConfig(args.max_loras, args.max_lora_rank, args.cpu_loras)
     bundled = (
-        (C.BUNDLED_SERVED_NAME, C.BUNDLED_MODEL_NAME) if args.model == C.BUNDLED_MODEL_NAME else ()
+        (BUNDLED_SERVED_NAME, BUNDLED_MODEL_NAME) if args.model == BUNDLED_MODEL_NAME else ()
     )
     names = base_model_names(args.model, model_path, args.served_model_name, bundled)
-    manager = LoraManager(config, model, device, dtype, names)
+    manager = LoraManager(config, model, model_lora_layout(model), device, dtype, names)
     for lora_id, spec in enumerate(parse_lora_modules(args.lora_modules), start=1):
         try:
             manager.register(lora_id, spec.name, spec.path)

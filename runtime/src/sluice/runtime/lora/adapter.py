@@ -3,9 +3,10 @@ adapter folder (`adapter_config.json` + `adapter_model.safetensors`).
 
 An adapter is refused with a `LoraAdapterError` naming the reason (the API answers 400
 with it) when a file is missing or unreadable, its rank exceeds `--max-lora-rank`, it
-targets a module the model lacks (or one LoRA is not implemented for here: the embedding,
-the LM head, DoRA, trained biases, `modules_to_save`), a tensor's shape does not fit the
-model, or its config names another base model.
+targets a module the model has no LoRA slot for (`lora.layout`: the embedding, the LM head,
+experts, a layer that lacks the module) or uses what is not implemented here (DoRA, trained
+biases, `modules_to_save`), a tensor's shape does not fit the model, or its config names
+another base model.
 
 The weights are kept whole (not sharded) in fp32 on the CPU with their scaling
 (`lora_alpha / r`, or `lora_alpha / sqrt(r)` with rsLoRA): applying an adapter is
@@ -23,19 +24,15 @@ from typing import Any
 
 import torch
 
+from sluice.runtime.lora.layout import LoraLayout
 from sluice.runtime.lora.spec import LoraAdapterError
-from sluice.runtime.model.config import ModelConfig
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin")
-# the modules LoRA can target here: the Llama family's seven projections
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_KEY = re.compile(
-    r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(?:self_attn|mlp)\."
-    r"(\w+?)\.lora_(A|B)(?:\.[\w-]+)?\.weight$"
-)
+# PEFT's tensor names: `base_model.model.<module>.lora_A[.<adapter name>].weight`
+_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_(A|B)(?:\.[\w-]+)?\.weight$")
 
-__all__ = ["LoraAdapterError", "LoraWeights", "load_adapter", "module_shapes"]
+__all__ = ["LoraAdapterError", "LoraWeights", "load_adapter"]
 
 
 @dataclass
@@ -55,20 +52,6 @@ class LoraWeights:
         return {m for _, m in self.a}
 
 
-def module_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(in features, out features) of each target module."""
-    h, i = config.hidden_size, config.intermediate_size
-    return {
-        "q_proj": (h, config.q_size),
-        "k_proj": (h, config.kv_size),
-        "v_proj": (h, config.kv_size),
-        "o_proj": (config.q_size, h),
-        "gate_proj": (h, i),
-        "up_proj": (h, i),
-        "down_proj": (i, h),
-    }
-
-
 def _read_config(folder: Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise LoraAdapterError(f"adapter folder {str(folder)!r} does not exist")
@@ -84,11 +67,18 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return cfg
 
 
-def _check_config(cfg: dict[str, Any], max_rank: int) -> tuple[int, float]:
+def _check_config(cfg: dict[str, Any], max_rank: int, layout: LoraLayout) -> tuple[int, float]:
     """(rank, scaling) of a PEFT LoRA config, or the reason it cannot be served."""
     peft_type = str(cfg.get("peft_type", "LORA")).upper()
     if peft_type != "LORA":
         raise LoraAdapterError(f"peft_type {peft_type} is not LoRA")
+    parameters = cfg.get("target_parameters")
+    if parameters:  # PEFT's LoRA on raw parameters: the experts of a mixture of experts
+        names = [parameters] if isinstance(parameters, str) else parameters
+        raise LoraAdapterError(
+            f"target_parameters {', '.join(map(str, names))}: LoRA on expert weights is not "
+            f"supported ({layout.architecture} adapts {', '.join(layout.modules)})"
+        )
     refused = {
         "use_dora": "DoRA adapters are not supported",
         "modules_to_save": "modules_to_save (fully trained extra modules) is not supported",
@@ -113,11 +103,11 @@ def _check_config(cfg: dict[str, Any], max_rank: int) -> tuple[int, float]:
     targets = cfg.get("target_modules") or []
     if isinstance(targets, str):  # a regex (PEFT allows one): the weights are checked instead
         targets = []
-    unknown = sorted(set(targets) - set(TARGET_MODULES))
+    unknown = sorted(set(targets) - set(layout.modules))
     if unknown:
         raise LoraAdapterError(
             f"target module(s) {', '.join(unknown)} are not in this model's LoRA targets "
-            f"({', '.join(TARGET_MODULES)})"
+            f"({layout.architecture}: {', '.join(layout.modules)})"
         )
     scaling = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
     return rank, scaling
@@ -149,17 +139,18 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 def load_adapter(
     name: str,
     path: str | Path,
-    config: ModelConfig,
+    layout: LoraLayout,
     max_rank: int,
     base_names: set[str] | None = None,
 ) -> LoraWeights:
-    """Read and validate the adapter at `path` for a model of `config`.
+    """Read and validate the adapter at `path` for a model of `layout` (the projections it
+    offers per layer, `lora.layout`).
 
     `base_names`: names the base model goes by (its folder, its served name), lower-case; an
     adapter whose `base_model_name_or_path` is none of them is refused."""
     folder = Path(path)
     cfg = _read_config(folder)
-    rank, scaling = _check_config(cfg, max_rank)
+    rank, scaling = _check_config(cfg, max_rank, layout)
     base = str(cfg.get("base_model_name_or_path") or "")
     if base_names is not None and not _same_base(base, base_names):
         raise LoraAdapterError(
@@ -167,7 +158,6 @@ def load_adapter(
             f"({', '.join(sorted(base_names))})"
         )
     tensors = _read_tensors(folder)
-    shapes = module_shapes(config)
     out = LoraWeights(name, str(path), rank, scaling, base)
     for key, tensor in tensors.items():
         m = _KEY.match(key)
@@ -176,24 +166,20 @@ def load_adapter(
                 f"tensor {key!r} is not a LoRA weight of a decoder projection (adapters on the "
                 "embedding or the LM head are not supported)"
             )
-        layer, module, which = int(m.group(1)), m.group(2), m.group(3)
-        if module not in shapes:
-            raise LoraAdapterError(
-                f"target module {module!r} (tensor {key!r}) is not in this model"
-            )
-        if layer >= config.num_hidden_layers:
-            raise LoraAdapterError(
-                f"tensor {key!r} is for layer {layer}; the model has {config.num_hidden_layers}"
-            )
-        fan_in, fan_out = shapes[module]
+        hf_module, which = m.group(1), m.group(2)
+        found = layout.find(hf_module)
+        if found is None:
+            raise LoraAdapterError(f"tensor {key!r}: {layout.no_slot(hf_module)}")
+        layer, projection = found
+        fan_in, fan_out = projection.shape
         want = (rank, fan_in) if which == "A" else (fan_out, rank)
         if tuple(tensor.shape) != want:
             raise LoraAdapterError(
                 f"tensor {key!r} has shape {tuple(tensor.shape)}; this model and rank {rank} need "
                 f"{want} (an adapter for another base model?)"
             )
-        target = out.a if which == "A" else out.b
-        target[(layer, module)] = tensor.to(torch.float32)
+        weights = out.a if which == "A" else out.b
+        weights[(layer, projection.module)] = tensor.to(torch.float32)
     if not out.a:
         raise LoraAdapterError(f"{folder} holds no LoRA weights")
     if out.a.keys() != out.b.keys():

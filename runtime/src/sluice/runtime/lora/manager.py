@@ -12,13 +12,13 @@ Three tiers, as vLLM has them:
   most `--max-loras` adapters (the scheduler's rule), so its adapters always fit; a slot
   not used by the batch is reused least recently used first.
 
-`attach` wraps the model's fused projections by attribute name (`self_attn.qkv_proj`,
-`self_attn.o_proj`, `mlp.gate_up_proj`, `mlp.down_proj`, whatever module sits there: plain,
-w8a8 or bf16) in a `LoraLinear` that adds each piece's term (q/k/v and gate/up are pieces
-of one fused output). With tensor parallelism (Megatron layout) a column-parallel piece
-keeps the rows of `B` of this rank's output share and all of `A`; a row-parallel one (o,
-down) keeps the columns of `A` of its input share and all of `B`, and the all-reduce after
-the layer sums the ranks' partial terms, as it does the base weight's.
+`attach` wraps each fused projection the model's `LoraLayout` names (`lora.layout`, derived
+from its architecture's weight rules: `self_attn.qkv_proj` holds q/k/v, `mlp.gate_up_proj`
+gate/up where a layer has a dense MLP; whatever module sits there: plain, w8a8 or bf16) in
+a `LoraLinear` that adds each piece's term. With tensor parallelism (Megatron layout) a
+column-parallel piece keeps the rows of `B` of this rank's output share and all of `A`; a
+row-parallel one (o, down) keeps the columns of `A` of its input share and all of `B`, and
+the all-reduce after the layer sums the ranks' partial terms, as it does the base weight's.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ import torch
 from torch import nn
 
 from sluice.runtime.lora.adapter import LoraWeights, load_adapter
+from sluice.runtime.lora.layout import LoraLayout
 from sluice.runtime.lora.ops import Segments, build_segments, lora_torch
+from sluice.runtime.model.causal_lm import CausalLM
+from sluice.runtime.model.sharding import TensorRead
 
 logger = logging.getLogger("sluice.lora")
 
@@ -53,6 +56,7 @@ class Piece:
     """One HF projection inside a fused one: output columns [start, start + size)."""
 
     module: str
+    read: TensorRead  # what this rank keeps of the adapter: the base weight's TP split
     start: int
     size: int
     fan_in: int
@@ -93,13 +97,18 @@ class LoraManager:
     def __init__(
         self,
         config: LoraConfig,
-        model: nn.Module,
+        model: CausalLM,
+        layout: LoraLayout,
         device: torch.device | str,
         dtype: torch.dtype,
         base_names: set[str] | None = None,
     ) -> None:
+        if not layout.modules:
+            raise ValueError(f"--enable-lora: {layout.architecture} has no projection LoRA "
+                             "can adapt")  # fmt: skip
         self.config = config
         self.model = model
+        self.layout = layout
         self.device = torch.device(device)
         self.dtype = dtype
         self.base_names = base_names
@@ -122,45 +131,21 @@ class LoraManager:
 
     # ---- the model ----------------------------------------------------------------------
     def _attach(self) -> None:
-        model = self.model
-        local = model.local_config
-        shard = model.shard
-        q, kv, inter, hidden = (
-            local.q_size,
-            local.kv_size,
-            local.intermediate_size,
-            local.hidden_size,
-        )
-        full_in = {"o_proj": local.q_size, "down_proj": local.intermediate_size}
-        layout = {
-            ("self_attn", "qkv_proj"): [
-                ("q_proj", 0, q),
-                ("k_proj", q, kv),
-                ("v_proj", q + kv, kv),
-            ],
-            ("self_attn", "o_proj"): [("o_proj", 0, hidden)],
-            ("mlp", "gate_up_proj"): [("gate_proj", 0, inter), ("up_proj", inter, inter)],
-            ("mlp", "down_proj"): [("down_proj", 0, hidden)],
-        }
-        self.shard = shard
+        """Wrap each fused module the layout names in a `LoraLinear` with its pieces."""
         s, r = self.config.max_loras, self.rank_dim
-        for layer in model.layers:
+        for layer, targets in zip(self.model.layers, self.layout.layers, strict=True):
             pieces: dict[str, Piece] = {}
-            for (parent_name, attr), parts in layout.items():
-                parent = getattr(layer, parent_name, None)
-                if parent is None or not hasattr(parent, attr):
-                    raise ValueError(
-                        f"--enable-lora: {type(model).__name__} has no {parent_name}.{attr} "
-                        "(LoRA attaches to the Llama family's fused projections)"
-                    )
-                made = []
-                for module, start, size in parts:
-                    fan_in = full_in.get(module, hidden)
-                    a = torch.zeros(s, r, fan_in, dtype=self.dtype, device=self.device)
-                    b = torch.zeros(s, size, r, dtype=self.dtype, device=self.device)
-                    piece = Piece(module, start, size, fan_in, a, b)
-                    pieces[module] = piece
-                    made.append(piece)
+            by_module: dict[str, list[Piece]] = {}
+            for target in targets.values():
+                a = torch.zeros(s, r, target.fan_in, dtype=self.dtype, device=self.device)
+                b = torch.zeros(s, target.size, r, dtype=self.dtype, device=self.device)
+                piece = Piece(target.module, target.read, target.start, target.size,
+                              target.fan_in, a, b)  # fmt: skip
+                pieces[target.module] = piece
+                by_module.setdefault(target.fused, []).append(piece)
+            for fused, made in by_module.items():
+                parent_name, _, attr = fused.rpartition(".")
+                parent = layer.get_submodule(parent_name)
                 setattr(parent, attr, LoraLinear(getattr(parent, attr), made, self))
             self.layers.append(pieces)
 
@@ -202,7 +187,7 @@ class LoraManager:
 
     def _read(self, name: str, path: str) -> LoraWeights:
         self.loads_total += 1
-        return load_adapter(name, path, self.model.config, self.config.max_rank, self.base_names)
+        return load_adapter(name, path, self.layout, self.config.max_rank, self.base_names)
 
     def _cache(self, lora_id: int, weights: LoraWeights) -> None:
         self.host[lora_id] = weights
@@ -259,8 +244,7 @@ class LoraManager:
                 key = (layer_id, module)
                 if key not in w.a:
                     continue
-                a, b = w.a[key], w.b[key]
-                read = self.shard.read(f"model.layers.{layer_id}.x.{module}.weight")
+                a, b, read = w.a[key], w.b[key], p.read
                 if read.rows is not None:  # column-parallel: this rank's output rows of B
                     b = b[read.rows[0] : read.rows[1]]
                 if read.cols is not None:  # row-parallel: this rank's input columns of A

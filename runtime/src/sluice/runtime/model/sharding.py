@@ -147,6 +147,12 @@ class ModelShard:
             return TensorRead(cols=(start, end))
         raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
 
+    def piece_width(self, piece: str) -> int:
+        """This rank's width of `piece`'s split dimension: its query (`q`, `o`) or KV heads'
+        features, its share of the MLP's (or each expert's) intermediate features."""
+        start, end = self._piece_range(piece)
+        return end - start
+
     def _vocab_rows(self) -> TensorRead:
         end = min(self.config.vocab_size, self.vocab_start + self.vocab_per_rank)
         return TensorRead(rows=(self.vocab_start, end), pad_rows=self.vocab_per_rank)
