@@ -27,7 +27,7 @@ from typing import Any
 
 import uvicorn
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import BUNDLED_MODELS
 from sluice.runtime.detokenizer.process import run_detokenizer_process
 from sluice.runtime.distributed.topology import RankSpec, node_ranks
 from sluice.runtime.engine.gpu_defaults import resolve_for_model
@@ -54,8 +54,8 @@ WATCH_INTERVAL_S = 0.5
 def served_name(args: ServerArgs, model_path: Path) -> str:
     if args.served_model_name:
         return args.served_model_name
-    if args.model in C.BUNDLED_MODELS:
-        return C.BUNDLED_MODELS[args.model]
+    if args.model in BUNDLED_MODELS:
+        return BUNDLED_MODELS[args.model]
     return Path(args.model.rstrip("/")).name.removesuffix(".gguf")
 
 

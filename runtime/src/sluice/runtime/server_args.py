@@ -13,7 +13,26 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import (
+    ATTENTION_BACKENDS,
+    BUNDLED_MODEL_NAME,
+    BUNDLED_MODELS,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DTYPES,
+    ENV_API_KEY,
+    FLAG_DRAIN_TIMEOUT,
+    FLAG_MAX_QUEUED_REQUESTS,
+    FLAG_REQUEST_TIMEOUT,
+    FLAG_SCHEDULER_HEARTBEAT_TIMEOUT,
+    FLAG_STARTUP_TIMEOUT,
+    FLAG_TENSOR_PARALLEL_SIZE,
+    FLAG_WATCHDOG_TIMEOUT,
+    KV_CACHE_DTYPES,
+    LIVE_PATH,
+    QUANTIZATIONS,
+    SCHEDULE_POLICIES,
+)
 from sluice.runtime.dataclass_cli import add_flags, option
 
 # what the auto (0) sizes are on the CPU
@@ -23,26 +42,26 @@ CPU_AUTO_SIZES = {"max_running_requests": 64, "chunked_prefill_size": 2048, "cud
 @dataclass(frozen=True)
 class ServerArgs:
     model: str = option(
-        C.BUNDLED_MODEL_NAME,
+        BUNDLED_MODEL_NAME,
         "Hugging Face model folder, GGUF file, or a bundled model's name "
-        f"({', '.join(repr(n) for n in C.BUNDLED_MODELS)}).",
+        f"({', '.join(repr(n) for n in BUNDLED_MODELS)}).",
     )
     served_model_name: str = option("", "Model name reported by /v1/models (default: derived).")
-    host: str = option(C.DEFAULT_HOST, "Address the HTTP server binds.")
-    port: int = option(C.DEFAULT_PORT, "Port the HTTP server listens on.")
+    host: str = option(DEFAULT_HOST, "Address the HTTP server binds.")
+    port: int = option(DEFAULT_PORT, "Port the HTTP server listens on.")
     device: str = option("auto", "Device for the model: cpu, cuda or auto.", ("auto", "cpu", "cuda"))
     dtype: str = option(
         "auto", "Weight and activation dtype (auto: bf16 on a GPU and on CPUs with native bf16, "
-        "avx512_bf16 or amx_bf16; else fp32).", C.DTYPES,
+        "avx512_bf16 or amx_bf16; else fp32).", DTYPES,
     )
     kv_cache_dtype: str = option(
         "auto", "KV cache dtype (auto: the model dtype); bfloat16 halves the attention traffic.",
-        C.KV_CACHE_DTYPES,
+        KV_CACHE_DTYPES,
     )
     quantization: str = option(
         "none", "w8a8: int8 weights per channel and dynamic int8 activations per token "
         "(torchao's scheme, torch's int8 GEMM; CPU only). lm_head stays unquantized.",
-        C.QUANTIZATIONS,
+        QUANTIZATIONS,
     )
     page_size: int = option(1, "Tokens per KV cache page.")
     max_total_tokens: int = option(0, "KV pool size in tokens (0: derive from the memory budget).")
@@ -60,7 +79,7 @@ class ServerArgs:
         "0: auto, by GPU memory as SGLang: 8192 on an 80-160 GiB GPU; 2048 on the CPU)."
     )
     max_context_len: int = option(0, "Context length limit (0: the model's own).")
-    schedule_policy: str = option("fcfs", "Order in which waiting requests are admitted.", C.SCHEDULE_POLICIES)
+    schedule_policy: str = option("fcfs", "Order in which waiting requests are admitted.", SCHEDULE_POLICIES)
     retraction_policy: str = option(
         "length", "Which running requests to retract first when the KV pool runs out "
         "(length: fewest generated tokens, then longest prompt; newest: latest arrival).",
@@ -121,7 +140,7 @@ class ServerArgs:
     attention_backend: str = option(
         "auto", "Attention implementation (auto: flashinfer on CUDA when installed, else "
         "triton, else torch; torch on the CPU; triton on the CPU needs TRITON_INTERPRET=1).",
-        C.ATTENTION_BACKENDS,
+        ATTENTION_BACKENDS,
     )
     cuda_graph_max_bs: int = option(
         0, "Largest decode batch run through a captured CUDA graph (buckets 1, 2, 4, 8, "
@@ -140,7 +159,7 @@ class ServerArgs:
         ("", "qwen3"),
     )
     max_top_logprobs: int = option(20, "Largest top_logprobs / logprobs k a request may ask.")
-    api_key: str = option("", f"Require this bearer token on the API (also ${C.ENV_API_KEY}).")
+    api_key: str = option("", f"Require this bearer token on the API (also ${ENV_API_KEY}).")
     random_seed: int = option(
         -1, "Seed of the seeds drawn for requests that give none (-1: fresh randomness at each "
         "start, so restarts do not repeat samples)."
@@ -173,13 +192,13 @@ class ServerArgs:
         1800.0, "Seconds to wait for the scheduler to load the model before giving up (exit 1)."
     )
     scheduler_heartbeat_timeout: float = option(
-        120.0, f"{C.LIVE_PATH} turns 503 when requests are in flight and the scheduler has sent "
+        120.0, f"{LIVE_PATH} turns 503 when requests are in flight and the scheduler has sent "
         "no stats for this many seconds (a hung scheduler: deadlock, stuck collective).",
     )
     watchdog_timeout: float = option(
         300.0, "Watchdog: when requests are in flight and the scheduler has sent nothing for this "
         "many seconds, answer every client with an error and exit non-zero (0: off). Reads the "
-        f"same heartbeat as {C.LIVE_PATH}, so set it above --scheduler-heartbeat-timeout.",
+        f"same heartbeat as {LIVE_PATH}, so set it above --scheduler-heartbeat-timeout.",
     )
     max_queued_requests: int = option(
         1024, "Requests that may wait beyond --max-running-requests: past running + queued, a "
@@ -266,19 +285,19 @@ class ServerArgs:
             if problem is not None:
                 problems.append(problem)
         if self.drain_timeout < 0:
-            problems.append(f"{C.FLAG_DRAIN_TIMEOUT} must be >= 0")
+            problems.append(f"{FLAG_DRAIN_TIMEOUT} must be >= 0")
         for flag, value in (
-            (C.FLAG_STARTUP_TIMEOUT, self.startup_timeout),
-            (C.FLAG_SCHEDULER_HEARTBEAT_TIMEOUT, self.scheduler_heartbeat_timeout),
+            (FLAG_STARTUP_TIMEOUT, self.startup_timeout),
+            (FLAG_SCHEDULER_HEARTBEAT_TIMEOUT, self.scheduler_heartbeat_timeout),
         ):
             if not value > 0:
                 problems.append(f"{flag} must be > 0")
         if self.watchdog_timeout < 0:
-            problems.append(f"{C.FLAG_WATCHDOG_TIMEOUT} must be >= 0 (0: off)")
+            problems.append(f"{FLAG_WATCHDOG_TIMEOUT} must be >= 0 (0: off)")
         if self.max_queued_requests < -1:
-            problems.append(f"{C.FLAG_MAX_QUEUED_REQUESTS} must be >= -1 (-1: no limit)")
+            problems.append(f"{FLAG_MAX_QUEUED_REQUESTS} must be >= -1 (-1: no limit)")
         if self.request_timeout < 0:
-            problems.append(f"{C.FLAG_REQUEST_TIMEOUT} must be >= 0 (0: no limit)")
+            problems.append(f"{FLAG_REQUEST_TIMEOUT} must be >= 0 (0: no limit)")
         if self.max_request_body_bytes < 1:
             problems.append("--max-request-body-bytes must be >= 1")
         if not 0 <= self.max_top_logprobs <= 100:
@@ -321,12 +340,12 @@ class ServerArgs:
         model or the machine is checked at start-up: `launch.startup_problem`)."""
         tp, nnodes = self.tensor_parallel_size, self.nnodes
         if tp < 1:
-            return [f"{C.FLAG_TENSOR_PARALLEL_SIZE} must be >= 1"]
+            return [f"{FLAG_TENSOR_PARALLEL_SIZE} must be >= 1"]
         problems = []
         if nnodes < 1:
             problems.append("--nnodes must be >= 1")
         elif tp % nnodes:
-            problems.append(f"{C.FLAG_TENSOR_PARALLEL_SIZE} {tp} is not a multiple of --nnodes {nnodes}")
+            problems.append(f"{FLAG_TENSOR_PARALLEL_SIZE} {tp} is not a multiple of --nnodes {nnodes}")
         elif not 0 <= self.node_rank < nnodes:
             problems.append(f"--node-rank must be in [0, {nnodes - 1}]")
         if nnodes > 1 and not self.dist_init_addr:
@@ -347,7 +366,7 @@ class ServerArgs:
         values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
         values["lora_modules"] = tuple(values["lora_modules"] or ())
         if not values["api_key"]:
-            values["api_key"] = os.environ.get(C.ENV_API_KEY, "")
+            values["api_key"] = os.environ.get(ENV_API_KEY, "")
         args = cls(**values)
         args.validate()
         return args

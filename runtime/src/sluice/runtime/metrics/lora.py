@@ -10,7 +10,15 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import (
+    LABEL_LORA_ADAPTER,
+    LABEL_MODEL,
+    METRIC_LORA_ADAPTERS_LOADED,
+    METRIC_LORA_LOAD_SECONDS,
+    METRIC_LORA_MAX_ADAPTERS,
+    METRIC_LORA_REQUESTS_RUNNING,
+    METRIC_LORA_REQUESTS_WAITING,
+)
 from sluice.runtime.ipc.messages import LoraOpResult
 from sluice.runtime.metrics.scheduler_mirror import SchedulerMirror
 
@@ -21,8 +29,8 @@ class LoraMirror(Collector):
     def __init__(self, mirror: SchedulerMirror, registry: CollectorRegistry) -> None:
         self.mirror = mirror
         self.load_seconds = Histogram(
-            C.METRIC_LORA_LOAD_SECONDS, "Seconds to read and validate a LoRA adapter (run-time loads).",
-            [C.LABEL_MODEL], registry=registry, buckets=LOAD_BUCKETS,
+            METRIC_LORA_LOAD_SECONDS, "Seconds to read and validate a LoRA adapter (run-time loads).",
+            [LABEL_MODEL], registry=registry, buckets=LOAD_BUCKETS,
         ).labels(mirror.model)  # fmt: skip
 
     def on_message(self, msg: object) -> None:
@@ -32,11 +40,11 @@ class LoraMirror(Collector):
     def collect(self) -> Iterator[Metric]:
         stats = self.mirror.stats
         model = self.mirror.model
-        labels = [C.LABEL_MODEL, C.LABEL_LORA_ADAPTER]
+        labels = [LABEL_MODEL, LABEL_LORA_ADAPTER]
         for name, help_text, counts in (
-            (C.METRIC_LORA_REQUESTS_RUNNING, "Requests of each LoRA adapter in the running batch.",
+            (METRIC_LORA_REQUESTS_RUNNING, "Requests of each LoRA adapter in the running batch.",
              stats.lora_running),
-            (C.METRIC_LORA_REQUESTS_WAITING, "Requests of each LoRA adapter waiting to be scheduled.",
+            (METRIC_LORA_REQUESTS_WAITING, "Requests of each LoRA adapter waiting to be scheduled.",
              stats.lora_waiting),
         ):  # fmt: skip
             gauge = GaugeMetricFamily(name, help_text, labels=labels)
@@ -44,11 +52,11 @@ class LoraMirror(Collector):
                 gauge.add_metric([model, adapter], float(n))
             yield gauge
         for name, help_text, value in (
-            (C.METRIC_LORA_ADAPTERS_LOADED, "LoRA adapters loaded.", stats.lora_loaded),
-            (C.METRIC_LORA_MAX_ADAPTERS, "Most distinct LoRA adapters in one batch (--max-loras).",
+            (METRIC_LORA_ADAPTERS_LOADED, "LoRA adapters loaded.", stats.lora_loaded),
+            (METRIC_LORA_MAX_ADAPTERS, "Most distinct LoRA adapters in one batch (--max-loras).",
              stats.lora_max),
         ):  # fmt: skip
-            gauge = GaugeMetricFamily(name, help_text, labels=[C.LABEL_MODEL])
+            gauge = GaugeMetricFamily(name, help_text, labels=[LABEL_MODEL])
             gauge.add_metric([model], float(value))
             yield gauge
 

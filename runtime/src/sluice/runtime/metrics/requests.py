@@ -32,7 +32,23 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import (
+    E2E_BUCKETS_SECONDS,
+    ITL_BUCKETS_SECONDS,
+    LABEL_MODEL,
+    LABEL_STATUS,
+    METRIC_CACHED_TOKENS_TOTAL,
+    METRIC_E2E_SECONDS,
+    METRIC_GENERATION_TOKENS_TOTAL,
+    METRIC_ITL_SECONDS,
+    METRIC_PROMPT_TOKENS_TOTAL,
+    METRIC_QUEUE_TIME_SECONDS,
+    METRIC_REQUESTS_TOTAL,
+    METRIC_TTFT_SECONDS,
+    QUEUE_TIME_BUCKETS_SECONDS,
+    REQUEST_STATUSES,
+    TTFT_BUCKETS_SECONDS,
+)
 
 # finish kind -> status; any other finish kind is an error
 FINISHED_STATUSES = {"stop": "stop", "length": "length", "timeout": "timeout"}
@@ -48,7 +64,7 @@ class _Timing:
 
 class RequestMetrics:
     def __init__(self, model: str, registry: CollectorRegistry) -> None:
-        labels = [C.LABEL_MODEL]
+        labels = [LABEL_MODEL]
 
         def counter(name: str, help: str) -> Any:
             return Counter(name, help, labels, registry=registry).labels(model)
@@ -57,35 +73,35 @@ class RequestMetrics:
             return Histogram(name, help, labels, registry=registry, buckets=buckets).labels(model)
 
         requests = Counter(
-            C.METRIC_REQUESTS_TOTAL,
+            METRIC_REQUESTS_TOTAL,
             "Requests that ended, by status: stop, length, abort (client gone), error, timeout, "
             "rejected (admission limit).",
-            [C.LABEL_MODEL, C.LABEL_STATUS],
+            [LABEL_MODEL, LABEL_STATUS],
             registry=registry,
         )
         # every status exists from the start, so rate() and alerts see a 0, not nothing
-        self.requests = {s: requests.labels(model, s) for s in C.REQUEST_STATUSES}
-        self.prompt_tokens = counter(C.METRIC_PROMPT_TOKENS_TOTAL, "Prompt tokens processed.")
-        self.generation_tokens = counter(C.METRIC_GENERATION_TOKENS_TOTAL, "Tokens generated.")
+        self.requests = {s: requests.labels(model, s) for s in REQUEST_STATUSES}
+        self.prompt_tokens = counter(METRIC_PROMPT_TOKENS_TOTAL, "Prompt tokens processed.")
+        self.generation_tokens = counter(METRIC_GENERATION_TOKENS_TOTAL, "Tokens generated.")
         self.cached_tokens = counter(
-            C.METRIC_CACHED_TOKENS_TOTAL, "Prompt tokens served from the prefix cache."
+            METRIC_CACHED_TOKENS_TOTAL, "Prompt tokens served from the prefix cache."
         )
         self.ttft = histogram(
-            C.METRIC_TTFT_SECONDS, "Time from arrival to the first token.", C.TTFT_BUCKETS_SECONDS
+            METRIC_TTFT_SECONDS, "Time from arrival to the first token.", TTFT_BUCKETS_SECONDS
         )
         self.itl = histogram(
-            C.METRIC_ITL_SECONDS, "Time between consecutive tokens of a request.",
-            C.ITL_BUCKETS_SECONDS,
+            METRIC_ITL_SECONDS, "Time between consecutive tokens of a request.",
+            ITL_BUCKETS_SECONDS,
         )  # fmt: skip
         self.e2e = histogram(
-            C.METRIC_E2E_SECONDS,
+            METRIC_E2E_SECONDS,
             "Time from arrival to the end of a request.",
-            C.E2E_BUCKETS_SECONDS,
+            E2E_BUCKETS_SECONDS,
         )
         self.queue_time = histogram(
-            C.METRIC_QUEUE_TIME_SECONDS,
+            METRIC_QUEUE_TIME_SECONDS,
             "Time from arrival until the scheduler first admitted the request into a batch.",
-            C.QUEUE_TIME_BUCKETS_SECONDS,
+            QUEUE_TIME_BUCKETS_SECONDS,
         )
         self._live: dict[str, _Timing] = {}
 

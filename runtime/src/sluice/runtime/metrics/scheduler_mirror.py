@@ -18,7 +18,18 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import (
+    LABEL_MODEL,
+    METRIC_GENERATION_THROUGHPUT,
+    METRIC_KV_TOKEN_USAGE,
+    METRIC_MAX_TOTAL_TOKENS,
+    METRIC_NEW_TOKEN_RATIO,
+    METRIC_PREFIX_CACHE_HIT_RATIO,
+    METRIC_QUEUE_REQUESTS,
+    METRIC_RETRACTED_TOKENS_TOTAL,
+    METRIC_RETRACTIONS_TOTAL,
+    METRIC_RUNNING_REQUESTS,
+)
 from sluice.runtime.ipc.messages import SchedulerStats
 
 
@@ -31,26 +42,26 @@ class MirroredMetric:
 
 
 SCHEDULER_METRICS = (
-    MirroredMetric(C.METRIC_QUEUE_REQUESTS, "gauge", "queue_requests",
+    MirroredMetric(METRIC_QUEUE_REQUESTS, "gauge", "queue_requests",
                    "Requests waiting to be scheduled (including retracted ones)."),
-    MirroredMetric(C.METRIC_RUNNING_REQUESTS, "gauge", "running_requests",
+    MirroredMetric(METRIC_RUNNING_REQUESTS, "gauge", "running_requests",
                    "Requests in the running batch (decoding, or being prefilled in chunks)."),
-    MirroredMetric(C.METRIC_KV_TOKEN_USAGE, "gauge", "kv_token_usage",
+    MirroredMetric(METRIC_KV_TOKEN_USAGE, "gauge", "kv_token_usage",
                    "Share of the KV pool held by running requests, 0..1 (evictable cached "
                    "prefixes count as free)."),
-    MirroredMetric(C.METRIC_NEW_TOKEN_RATIO, "gauge", "new_token_ratio",
+    MirroredMetric(METRIC_NEW_TOKEN_RATIO, "gauge", "new_token_ratio",
                    "Share of a running request's remaining max_new_tokens the scheduler "
                    "reserves KV for when admitting new requests."),
-    MirroredMetric(C.METRIC_RETRACTIONS_TOTAL, "counter", "retractions_total",
+    MirroredMetric(METRIC_RETRACTIONS_TOTAL, "counter", "retractions_total",
                    "Requests retracted (KV released, re-queued) because the KV pool ran out."),
-    MirroredMetric(C.METRIC_RETRACTED_TOKENS_TOTAL, "counter", "retracted_tokens_total",
+    MirroredMetric(METRIC_RETRACTED_TOKENS_TOTAL, "counter", "retracted_tokens_total",
                    "KV tokens released by retractions (recomputed when re-prefilled)."),
-    MirroredMetric(C.METRIC_PREFIX_CACHE_HIT_RATIO, "gauge", "prefix_cache_hit_ratio",
+    MirroredMetric(METRIC_PREFIX_CACHE_HIT_RATIO, "gauge", "prefix_cache_hit_ratio",
                    "Share of admitted prompt tokens served from the radix prefix cache, "
                    "since start."),
-    MirroredMetric(C.METRIC_GENERATION_THROUGHPUT, "gauge", "generation_throughput",
+    MirroredMetric(METRIC_GENERATION_THROUGHPUT, "gauge", "generation_throughput",
                    "Tokens generated per second over the scheduler's sliding window."),
-    MirroredMetric(C.METRIC_MAX_TOTAL_TOKENS, "gauge", "max_total_tokens",
+    MirroredMetric(METRIC_MAX_TOTAL_TOKENS, "gauge", "max_total_tokens",
                    "Size of the KV pool in tokens."),
 )  # fmt: skip
 
@@ -79,11 +90,11 @@ class SchedulerMirror(Collector):
     def collect(self) -> Iterator[Metric]:
         for m in SCHEDULER_METRICS:
             if m.kind == "counter":
-                counter = CounterMetricFamily(m.name, m.help, labels=[C.LABEL_MODEL])
+                counter = CounterMetricFamily(m.name, m.help, labels=[LABEL_MODEL])
                 counter.add_metric([self.model], self._high_water[m.name])
                 yield counter
             else:
-                gauge = GaugeMetricFamily(m.name, m.help, labels=[C.LABEL_MODEL])
+                gauge = GaugeMetricFamily(m.name, m.help, labels=[LABEL_MODEL])
                 gauge.add_metric([self.model], float(getattr(self._stats, m.field)))
                 yield gauge
 

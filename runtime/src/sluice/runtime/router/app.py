@@ -24,7 +24,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import (
+    HEALTH_PATH,
+    METRICS_PATH,
+    ROUTER_LIVENESS_PATH,
+    ROUTER_WORKERS_PATH,
+)
 from sluice.runtime.disconnect import ClientGone, unless_disconnected
 from sluice.runtime.router.keys import RequestRoute, request_route
 from sluice.runtime.router.metrics import RouterMetrics
@@ -135,10 +140,10 @@ def build_router_app(router: RouterApp, lifespan: Any = None) -> Starlette:
     routes = [Route(p, router.routed, methods=["POST"]) for p in ROUTED_PATHS]
     routes += [
         Route("/v1/models", router.models, methods=["GET"]),
-        Route(C.HEALTH_PATH, router.health, methods=["GET"]),
-        Route(C.ROUTER_LIVENESS_PATH, router.liveness, methods=["GET"]),
-        Route(C.METRICS_PATH, router.metrics_route, methods=["GET"]),
-        Route(C.ROUTER_WORKERS_PATH, router.workers, methods=["GET"]),
+        Route(HEALTH_PATH, router.health, methods=["GET"]),
+        Route(ROUTER_LIVENESS_PATH, router.liveness, methods=["GET"]),
+        Route(METRICS_PATH, router.metrics_route, methods=["GET"]),
+        Route(ROUTER_WORKERS_PATH, router.workers, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,

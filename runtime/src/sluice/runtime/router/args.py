@@ -10,18 +10,23 @@ import dataclasses
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import (
+    CONTAINER_PORT_NAME,
+    DEFAULT_HOST,
+    ROUTER_DEFAULT_PORT,
+    ROUTER_POLICIES,
+)
 from sluice.runtime.dataclass_cli import add_flags, option
 
 
 @dataclass(frozen=True)
 class RouterArgs:
-    host: str = option(C.DEFAULT_HOST, "Address the router binds.")
-    port: int = option(C.ROUTER_DEFAULT_PORT, "Port the router listens on.")
+    host: str = option(DEFAULT_HOST, "Address the router binds.")
+    port: int = option(ROUTER_DEFAULT_PORT, "Port the router listens on.")
     worker_urls: tuple[str, ...] = option(
         (), "Runtime servers to route to (http://host:port), static; discovery may add more."
     )
-    policy: str = option("cache-aware", "How a worker is chosen per request.", C.ROUTER_POLICIES)
+    policy: str = option("cache-aware", "How a worker is chosen per request.", ROUTER_POLICIES)
     cache_threshold: float = option(
         0.3,
         "cache-aware: route to the best prefix match when it covers more than this share "
@@ -65,7 +70,7 @@ class RouterArgs:
         "", "Kubernetes: namespace to watch (default: the router pod's own namespace)."
     )
     discover_port_name: str = option(
-        C.CONTAINER_PORT_NAME, "Kubernetes: EndpointSlice port name of the runtime's HTTP port."
+        CONTAINER_PORT_NAME, "Kubernetes: EndpointSlice port name of the runtime's HTTP port."
     )
     kubeconfig: str = option(
         "",

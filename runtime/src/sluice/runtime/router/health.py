@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import HEALTH_PATH
 from sluice.runtime.router.workers import Worker, WorkerPool
 
 logger = logging.getLogger("sluice.router")
@@ -45,7 +45,7 @@ class HealthMonitor:
 
     async def probe(self, worker: Worker) -> bool:
         try:
-            resp = await self.client.get(worker.url + C.HEALTH_PATH, timeout=self.config.timeout)
+            resp = await self.client.get(worker.url + HEALTH_PATH, timeout=self.config.timeout)
             return resp.status_code == 200
         except httpx.HTTPError:
             return False

@@ -40,7 +40,23 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import (
+    LABEL_POLICY,
+    LABEL_REASON,
+    LABEL_WORKER,
+    METRIC_ROUTER_DECISIONS_TOTAL,
+    METRIC_ROUTER_FAILED_REQUESTS_TOTAL,
+    METRIC_ROUTER_OVERHEAD_SECONDS,
+    METRIC_ROUTER_PREFIX_MATCH_CHARACTERS,
+    METRIC_ROUTER_REQUESTS_TOTAL,
+    METRIC_ROUTER_RETRIES_TOTAL,
+    METRIC_ROUTER_TREE_CHARACTERS,
+    METRIC_ROUTER_UPSTREAM_ERRORS_TOTAL,
+    METRIC_ROUTER_WORKER_HEALTHY,
+    METRIC_ROUTER_WORKER_IN_FLIGHT,
+    ROUTER_OVERHEAD_BUCKETS_SECONDS,
+    ROUTER_PREFIX_MATCH_BUCKETS,
+)
 from sluice.runtime.router.policies import REASONS, Decision
 from sluice.runtime.router.workers import Worker, WorkerPool
 
@@ -52,16 +68,16 @@ class _PoolGauges(Collector):
         self.pool = pool
 
     def collect(self) -> Iterator[Metric]:
-        label = [C.LABEL_WORKER]
+        label = [LABEL_WORKER]
         healthy = GaugeMetricFamily(
-            C.METRIC_ROUTER_WORKER_HEALTHY, "1 while the worker is routable, else 0.", labels=label
+            METRIC_ROUTER_WORKER_HEALTHY, "1 while the worker is routable, else 0.", labels=label
         )
         in_flight = GaugeMetricFamily(
-            C.METRIC_ROUTER_WORKER_IN_FLIGHT, "Requests the router has open on the worker.",
+            METRIC_ROUTER_WORKER_IN_FLIGHT, "Requests the router has open on the worker.",
             labels=label,
         )  # fmt: skip
         tree = GaugeMetricFamily(
-            C.METRIC_ROUTER_TREE_CHARACTERS,
+            METRIC_ROUTER_TREE_CHARACTERS,
             "Size of the worker's approximate prefix tree (characters or token ids).",
             labels=label,
         )
@@ -83,38 +99,38 @@ class RouterMetrics:
         self.registry.register(_PoolGauges(pool))
         r = self.registry
         self.requests = Counter(
-            C.METRIC_ROUTER_REQUESTS_TOTAL, "Requests sent to each worker.", [C.LABEL_WORKER],
+            METRIC_ROUTER_REQUESTS_TOTAL, "Requests sent to each worker.", [LABEL_WORKER],
             registry=r,
         )  # fmt: skip
         self.decisions = Counter(
-            C.METRIC_ROUTER_DECISIONS_TOTAL, "Routing decisions by policy and reason.",
-            [C.LABEL_POLICY, C.LABEL_REASON], registry=r,
+            METRIC_ROUTER_DECISIONS_TOTAL, "Routing decisions by policy and reason.",
+            [LABEL_POLICY, LABEL_REASON], registry=r,
         )  # fmt: skip
         for reason in REASONS:  # every reason exists from the start: rate() sees a 0
             self.decisions.labels(policy, reason)
         self.prefix_match = Histogram(
-            C.METRIC_ROUTER_PREFIX_MATCH_CHARACTERS,
+            METRIC_ROUTER_PREFIX_MATCH_CHARACTERS,
             "Prefix of the routing key the chosen worker's tree held (cache-aware).",
-            buckets=C.ROUTER_PREFIX_MATCH_BUCKETS, registry=r,
+            buckets=ROUTER_PREFIX_MATCH_BUCKETS, registry=r,
         )  # fmt: skip
         self.retries = Counter(
-            C.METRIC_ROUTER_RETRIES_TOTAL,
+            METRIC_ROUTER_RETRIES_TOTAL,
             "Requests resent to another worker after failing before their first byte.",
             registry=r,
         )
         self.upstream_errors = Counter(
-            C.METRIC_ROUTER_UPSTREAM_ERRORS_TOTAL, "Failed sends to a worker, by reason.",
-            [C.LABEL_WORKER, C.LABEL_REASON], registry=r,
+            METRIC_ROUTER_UPSTREAM_ERRORS_TOTAL, "Failed sends to a worker, by reason.",
+            [LABEL_WORKER, LABEL_REASON], registry=r,
         )  # fmt: skip
         self.failed = Counter(
-            C.METRIC_ROUTER_FAILED_REQUESTS_TOTAL,
+            METRIC_ROUTER_FAILED_REQUESTS_TOTAL,
             "Requests the router answered with an error itself, by reason.",
-            [C.LABEL_REASON], registry=r,
+            [LABEL_REASON], registry=r,
         )  # fmt: skip
         self.overhead = Histogram(
-            C.METRIC_ROUTER_OVERHEAD_SECONDS,
+            METRIC_ROUTER_OVERHEAD_SECONDS,
             "Router's own share of a request's time to first byte.",
-            buckets=C.ROUTER_OVERHEAD_BUCKETS_SECONDS, registry=r,
+            buckets=ROUTER_OVERHEAD_BUCKETS_SECONDS, registry=r,
         )  # fmt: skip
         for reason in FAILURE_REASONS:
             self.failed.labels(reason)

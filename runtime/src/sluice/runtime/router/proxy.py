@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import httpx
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import ROUTER_WORKER_HEADER
 from sluice.runtime.router.metrics import RouterMetrics
 from sluice.runtime.router.policies import Decision, LeastLoad, Policy, choose_for_adapters
 from sluice.runtime.router.prefix_tree import Key
@@ -213,7 +213,7 @@ class PassthroughResponse:
             for k, v in self.upstream.response.headers.raw
             if k.lower().decode("latin-1") not in RESPONSE_DROPPED
         ]
-        headers.append((C.ROUTER_WORKER_HEADER.encode(), self.upstream.worker.url.encode()))
+        headers.append((ROUTER_WORKER_HEADER.encode(), self.upstream.worker.url.encode()))
         return headers
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import ROUTER_POLICIES
 from sluice.runtime.dataclass_cli import add_flags, option
 from sluice.runtime.sim.calibration import Calibration
 from sluice.runtime.sim.server_flags import SCHEDULING_FLAGS, add_server_flags, server_args_from
@@ -57,7 +57,7 @@ class PlanArgs:
     scale_down_window: int = option(300, "behavior.scaleDown.stabilizationWindowSeconds (the CRD's default).")
     routing_policy: str = option(
         "random", "How requests are spread over ready pods: random (a Service) or `sluice router`'s.",
-        C.ROUTER_POLICIES,
+        ROUTER_POLICIES,
     )
     pod_pending_seconds: float = option(2.0, "From pod creation to its container running.")
     startup_seconds: float = option(0.0, "From running to ready (0: the calibration's measured imports + model load + warm-up).")
@@ -114,15 +114,15 @@ def build_trace(args: PlanArgs) -> Any:
 
 
 def run_plan(args: PlanArgs, server_args: Any, calibration: Calibration, log: Any = print) -> dict[str, Any]:
-    from sluice.runtime.sim.plan import hpa as H
+    from sluice.runtime.sim.plan import hpa
     from sluice.runtime.sim.plan.fleet import ClusterTimings
     from sluice.runtime.sim.plan.policies import parse_policy
     from sluice.runtime.sim.plan.report import Slo, format_table
     from sluice.runtime.sim.plan.traffic import RequestShape, planned_requests, poisson_arrivals
 
-    behavior = H.Behavior(
-        scale_up=H.rules(args.scale_up_window, H.DEFAULT_SCALE_UP),
-        scale_down=H.rules(args.scale_down_window, H.DEFAULT_SCALE_DOWN),
+    behavior = hpa.Behavior(
+        scale_up=hpa.rules(args.scale_up_window, hpa.DEFAULT_SCALE_UP),
+        scale_down=hpa.rules(args.scale_down_window, hpa.DEFAULT_SCALE_DOWN),
     )
     policies = [parse_policy(p, args.min_replicas, args.max_replicas, behavior) for p in args.policy]
     shape = RequestShape(args.input_len, args.input_min, args.output_len, args.output_min,

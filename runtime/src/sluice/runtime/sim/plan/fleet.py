@@ -30,7 +30,7 @@ from sluice.runtime.router.prefix_tree import PrefixTree
 from sluice.runtime.router.workers import Worker
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.sim.calibration import Calibration
-from sluice.runtime.sim.plan import hpa as H
+from sluice.runtime.sim.plan import hpa
 from sluice.runtime.sim.plan.policies import PolicySpec
 from sluice.runtime.sim.plan.saturation import desired_replicas, peaks
 from sluice.runtime.sim.plan.traffic import PlannedRequest
@@ -46,7 +46,7 @@ class ClusterTimings:
     drain_timeout_s: float = 25.0
     scrape_interval_s: float = 15.0
     rule_interval_s: float = 15.0
-    hpa_sync_s: float = H.SYNC_PERIOD_S
+    hpa_sync_s: float = hpa.SYNC_PERIOD_S
     metrics_resolution_s: float = 15.0
 
 
@@ -65,7 +65,7 @@ class Pod:
     done: int = 0
     pending_finishes: list[float] = field(default_factory=list)  # finish times not yet reached
     samples: list[tuple[float, float, float]] = field(default_factory=list)  # (t, kv, queue)
-    cpu_sample: H.CpuSample | None = None
+    cpu_sample: hpa.CpuSample | None = None
 
     def ready(self, t: float) -> bool:
         return self.deleting_since is None and self.gone_at is None and t >= self.ready_at
@@ -73,9 +73,9 @@ class Pod:
     def scraped(self, t: float) -> bool:
         return self.gone_at is None and t >= self.ready_at
 
-    def view(self, t: float) -> H.PodView:
+    def view(self, t: float) -> hpa.PodView:
         running = t >= self.running_at
-        return H.PodView(
+        return hpa.PodView(
             self.name,
             "Running" if running else "Pending",
             ready=self.ready(t),
@@ -137,7 +137,7 @@ class Fleet:
         self.spec_replicas = initial_replicas or policy.min_replicas
         if policy.kind == "static":
             self.spec_replicas = policy.replicas
-        self.controller = H.HorizontalController(policy.min_replicas, policy.max_replicas, policy.behavior)
+        self.controller = hpa.HorizontalController(policy.min_replicas, policy.max_replicas, policy.behavior)
         self.scale_events: list[ScaleEvent] = []
         self.recorded: float | None = None  # the saturation rule's last value
         self.traces: dict[str, RequestTrace] = {}
@@ -229,7 +229,7 @@ class Fleet:
                 busy = 1.0  # loading the model
             else:
                 busy = pod.replica.busy.utilisation(max(t - w, pod.ready_at), t)
-            pod.cpu_sample = H.CpuSample(int(busy * pod.cpu_request_milli), t, w)
+            pod.cpu_sample = hpa.CpuSample(int(busy * pod.cpu_request_milli), t, w)
 
     def _evaluate_rule(self, t: float) -> None:
         samples = {p.name: p.samples for p in self.pods if p.samples}
@@ -237,30 +237,30 @@ class Fleet:
         d = desired_replicas(found, self.policy.saturation)
         self.recorded = None if d is None else float(d)
 
-    def _metric_fns(self, t: float) -> list[H.MetricFn]:
+    def _metric_fns(self, t: float) -> list[hpa.MetricFn]:
         pods = self.alive()
         views = [p.view(t) for p in pods]
         kind = self.policy.kind
         if kind == "cpu":
             samples = {p.name: p.cpu_sample for p in pods if p.cpu_sample is not None}
             target = self.policy.cpu_target_percent
-            return [lambda spec, status: H.resource_utilisation_replicas(views, samples, spec, target, t)]  # type: ignore[arg-type]
+            return [lambda spec, status: hpa.resource_utilisation_replicas(views, samples, spec, target, t)]  # type: ignore[arg-type]
         if kind == "saturation":
             value = self.recorded
 
             def external(spec: int, status: int) -> int:
                 if value is None:
-                    raise H.MetricError("no series for the saturation metric")
-                return H.external_per_pod_replicas([value], status, 1.0)
+                    raise hpa.MetricError("no series for the saturation metric")
+                return hpa.external_per_pod_replicas([value], status, 1.0)
 
             return [external]
-        fns: list[H.MetricFn] = []
+        fns: list[hpa.MetricFn] = []
         for metric, target in self.policy.metrics:
             index = 1 if metric == "kvTokenUsage" else 2
             values = {p.name: p.samples[-1][index] for p in pods if p.samples and p.scraped(t)}
 
             def plain(spec: int, status: int, values: dict[str, float] = values, target: float = target) -> int:
-                return H.plain_metric_replicas(views, values, spec, target, t)
+                return hpa.plain_metric_replicas(views, values, spec, target, t)
 
             fns.append(plain)
         return fns

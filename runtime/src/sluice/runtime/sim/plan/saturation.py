@@ -22,15 +22,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sluice.runtime import constants as C
+from sluice.runtime.constants import (
+    SATURATION_KV_SPARE_TRIGGER,
+    SATURATION_KV_THRESHOLD,
+    SATURATION_QUEUE_SPARE_TRIGGER,
+    SATURATION_QUEUE_THRESHOLD,
+)
 
 
 @dataclass(frozen=True)
 class SaturationConfig:
-    kv_threshold: float = C.SATURATION_KV_THRESHOLD
-    queue_threshold: float = C.SATURATION_QUEUE_THRESHOLD
-    kv_spare_trigger: float = C.SATURATION_KV_SPARE_TRIGGER
-    queue_spare_trigger: float = C.SATURATION_QUEUE_SPARE_TRIGGER
+    kv_threshold: float = SATURATION_KV_THRESHOLD
+    queue_threshold: float = SATURATION_QUEUE_THRESHOLD
+    kv_spare_trigger: float = SATURATION_KV_SPARE_TRIGGER
+    queue_spare_trigger: float = SATURATION_QUEUE_SPARE_TRIGGER
     window_s: float = 60.0
 
 
