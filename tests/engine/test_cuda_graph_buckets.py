@@ -15,7 +15,7 @@ from sluice.runtime.engine.cuda_graph import (
     capture_batch_sizes,
     cuda_graph_disabled_reason,
 )
-from sluice.runtime.engine.model_worker import gpu_kv_pool_tokens
+from sluice.runtime.engine.worker_setup import gpu_kv_pool_tokens
 from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.memory.kv_buffers import KVBuffers
 from sluice.runtime.model.loader import load_model

@@ -29,11 +29,9 @@ from typing import Any
 
 import torch
 
-from sluice.runtime import features as FEATURES
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
-from sluice.runtime.attention.cpu_backend import CpuAttentionBackend
-from sluice.runtime.attention.registry import create_model_backend, resolve_backend_name
+from sluice.runtime.attention.registry import resolve_backend_name
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.engine.adapters import create_lora_manager
 from sluice.runtime.engine.config import EngineConfig
@@ -59,80 +57,21 @@ from sluice.runtime.engine.step_inputs import (
     stage_step,
     write_tables,
 )
+from sluice.runtime.engine.worker_setup import (
+    attention_backend,
+    pool_layout,
+    set_torch_threads,
+)
+from sluice.runtime.features import ALL as ALL_FEATURES
 from sluice.runtime.forward import ForwardBatch
 from sluice.runtime.ipc.messages import SchedulerReady
-from sluice.runtime.kernels import cpu_extension
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
 from sluice.runtime.memory.staging import Staged
 from sluice.runtime.model import batch_invariant_ops, cpu_fused_ops
 from sluice.runtime.model.loader import load_model, load_tokenizer
 from sluice.runtime.model.quantization import quantize_model
-from sluice.runtime.threads import model_worker_threads
 
 logger = logging.getLogger("sluice.model_worker")
-
-
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """`--dtype` on `device`; `auto` looks at the CPU (see `cpu_features.choose_dtype`)."""
-    return choose_dtype(name, device).dtype
-
-
-def size_kv_pool(args: EngineConfig, device: str, per_token_bytes: int, ranks_on_host: int = 1) -> int:
-    """KV pool size in tokens: the flag, else the CPU budget (shared by the tensor-parallel
-    ranks on the host), else the GPU memory fraction (of this rank's GPU)."""
-    if args.max_total_tokens > 0:
-        return args.max_total_tokens
-    if device.startswith("cuda"):
-        free, total = torch.cuda.mem_get_info()
-        return gpu_kv_pool_tokens(total, free, args.mem_fraction_static, per_token_bytes)
-    return int(args.cpu_kv_cache_gib * 2**30 / ranks_on_host // per_token_bytes)
-
-
-def gpu_kv_pool_tokens(total_bytes: int, free_bytes: int, fraction: float, per_token_bytes: int) -> int:
-    """KV tokens that fit when weights plus KV pool may take `fraction` of the GPU.
-
-    Called after the weights, the CUDA context and the attention backend's workspace are
-    allocated (they are what is in use); CUDA graphs and activations live in the rest,
-    `1 - fraction` of the GPU."""
-    used = total_bytes - free_bytes
-    budget = fraction * total_bytes - used
-    if budget < per_token_bytes:
-        raise RuntimeError(
-            f"--mem-fraction-static {fraction} leaves no room for the KV pool "
-            f"({used / 2**30:.1f} GiB of {total_bytes / 2**30:.1f} GiB already in use)"
-        )
-    return int(budget // per_token_bytes)
-
-
-@dataclass(frozen=True)
-class PoolLayout:
-    """The sizes the scheduler's bookkeeping must agree with."""
-
-    total_tokens: int  # usable KV tokens (whole pages)
-    page_size: int
-    rows: int  # request rows (max running requests)
-    context_len: int  # longest sequence served
-    model_context_len: int  # the model's own limit (before the pool clipped it)
-
-
-def row_invariant_kernels(device: str, dtype: torch.dtype) -> bool:
-    """Whether the default path is already batch-invariant: bf16 on the CPU runs the compiled
-    linear and attention kernels, in which a token's every sum has one order whatever else
-    its forward holds (`kernels/csrc/linear.cpp`, `paged_attention.cpp`)."""
-    return device == "cpu" and dtype == torch.bfloat16
-
-
-def _attention_backend(args: EngineConfig, device: str, dtype: torch.dtype) -> AttentionBackend:
-    if not args.enable_deterministic_inference:
-        return create_model_backend(args.attention_backend, device, page_size=args.page_size)
-    if not row_invariant_kernels(device, dtype):
-        return BatchInvariantAttentionBackend()
-    if (reason := cpu_extension.load()) is not None:  # the linear kernel needs them too
-        raise RuntimeError(
-            f"--enable-deterministic-inference in bf16 on the CPU needs the compiled CPU "
-            f"kernels ({reason}); or run --dtype float32"
-        )
-    return CpuAttentionBackend(use_kernels=True)
 
 
 class ModelWorker:
@@ -150,14 +89,9 @@ class ModelWorker:
         self.dtype, self.dtype_reason = choice.dtype, choice.reason
         self.kv_dtype = choose_kv_dtype(args.kv_cache_dtype, self.dtype)
         logger.info("dtype %s (%s), KV cache %s", choice.name, choice.reason, self.kv_dtype)
-        if self.device == "cpu" or args.torch_threads > 0:
-            threads, why = model_worker_threads(args.torch_threads, torch.get_num_threads())
-            if tp.local_size > 1 and args.torch_threads <= 0:  # the ranks share the cores
-                threads, why = max(1, threads // tp.local_size), f"{why}, over {tp.local_size} ranks"
-            torch.set_num_threads(threads)
-            logger.info("model worker: %d torch threads (%s)", threads, why)
+        set_torch_threads(args, self.device, tp)
         torch.manual_seed(max(args.random_seed, 0))
-        backend = _attention_backend(args, self.device, self.dtype)
+        backend = attention_backend(args, self.device, self.dtype)
         # deterministic mode where the kernels are not row-invariant (fp32, CUDA): every
         # matmul gets a row count that is a multiple of ROW_MULTIPLE, attention the torch
         # batch-invariant backend
@@ -183,23 +117,8 @@ class ModelWorker:
 
         kv_heads = self.model.local_config.num_key_value_heads  # this rank's share
         per_token = bytes_per_token(cfg.num_hidden_layers, kv_heads, cfg.head_dim, self.kv_dtype)
-        page = args.page_size
-        # every rank's scheduler must see the same pool: the smallest any rank can hold
-        total = tp.min_over_ranks(size_kv_pool(args, self.device, per_token, tp.local_size))
-        total = total // page * page
-        model_context = args.max_context_len or cfg.context_length
-        # one request alone must always fit the pool, so retraction can always make progress
-        context = min(model_context, total - page)
-        if context < 2:
-            raise ValueError(f"KV pool of {total} tokens is too small (page size {page})")
-        if context < model_context:
-            logger.warning(
-                "context length clipped to %d tokens (the model allows %d): the KV pool holds %d "
-                "tokens and one request must fit it alone; raise --max-total-tokens (or "
-                "--cpu-kv-cache-gib / --mem-fraction-static) to serve longer sequences",
-                context, model_context, total,
-            )
-        self.pool = PoolLayout(total, page, args.max_running_requests, context, model_context)
+        self.pool = pool_layout(args, cfg.context_length, per_token, self.device, tp)
+        total, page, context = self.pool.total_tokens, self.pool.page_size, self.pool.context_len
         self.kv = KVBuffers(
             (total // page + 1) * page, cfg.num_hidden_layers, kv_heads,
             cfg.head_dim, self.kv_dtype, self.device,
@@ -260,7 +179,7 @@ class ModelWorker:
             dtype=str(self.dtype).removeprefix("torch."),
             attention_backend=self.attention_backend_name,
             model_context_len=self.pool.model_context_len,
-            features=sorted(FEATURES.ALL),
+            features=sorted(ALL_FEATURES),
             dtype_reason=self.dtype_reason,
             kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
             quantization=self.config.quantization,

@@ -21,7 +21,8 @@ from sluice.runtime.constrained import GrammarCompiler
 from sluice.runtime.distributed.group import SINGLE_RANK, init_process_group
 from sluice.runtime.distributed.topology import RankSpec
 from sluice.runtime.engine.executor import Executor, SyncExecutor, overlap_executor
-from sluice.runtime.engine.model_worker import ModelWorker, PoolLayout
+from sluice.runtime.engine.model_worker import ModelWorker
+from sluice.runtime.engine.worker_setup import PoolLayout
 from sluice.runtime.ipc.sockets import (
     PortArgs,
     pull_socket,

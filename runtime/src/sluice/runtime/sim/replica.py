@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from sluice.runtime.engine.model_worker import PoolLayout, size_kv_pool
+from sluice.runtime.engine.worker_setup import PoolLayout, size_kv_pool
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerStats, TokenizedGenerateReq
 from sluice.runtime.scheduler.process import kv_cache, scheduler_config
 from sluice.runtime.scheduler.scheduler import Scheduler

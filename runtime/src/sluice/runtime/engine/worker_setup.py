@@ -1,0 +1,111 @@
+"""The model worker's set-up, apart from its per-forward path (`model_worker.py`): how many
+torch threads, which attention backend, and how big the KV pool and the context are."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from sluice.runtime.attention.base import AttentionBackend
+from sluice.runtime.attention.batch_invariant import BatchInvariantAttentionBackend
+from sluice.runtime.attention.cpu_backend import CpuAttentionBackend
+from sluice.runtime.attention.registry import create_model_backend
+from sluice.runtime.distributed.group import TensorParallelGroup
+from sluice.runtime.engine.config import EngineConfig
+from sluice.runtime.kernels import cpu_extension
+from sluice.runtime.threads import model_worker_threads
+
+logger = logging.getLogger("sluice.model_worker")
+
+
+def set_torch_threads(args: EngineConfig, device: str, tp: TensorParallelGroup) -> None:
+    """The flag's thread count, else the machine's cores (shared by the ranks on the host)."""
+    if device == "cpu" or args.torch_threads > 0:
+        threads, why = model_worker_threads(args.torch_threads, torch.get_num_threads())
+        if tp.local_size > 1 and args.torch_threads <= 0:  # the ranks share the cores
+            threads, why = max(1, threads // tp.local_size), f"{why}, over {tp.local_size} ranks"
+        torch.set_num_threads(threads)
+        logger.info("model worker: %d torch threads (%s)", threads, why)
+
+
+def size_kv_pool(args: EngineConfig, device: str, per_token_bytes: int, ranks_on_host: int = 1) -> int:
+    """KV pool size in tokens: the flag, else the CPU budget (shared by the tensor-parallel
+    ranks on the host), else the GPU memory fraction (of this rank's GPU)."""
+    if args.max_total_tokens > 0:
+        return args.max_total_tokens
+    if device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info()
+        return gpu_kv_pool_tokens(total, free, args.mem_fraction_static, per_token_bytes)
+    return int(args.cpu_kv_cache_gib * 2**30 / ranks_on_host // per_token_bytes)
+
+
+def gpu_kv_pool_tokens(total_bytes: int, free_bytes: int, fraction: float, per_token_bytes: int) -> int:
+    """KV tokens that fit when weights plus KV pool may take `fraction` of the GPU.
+
+    Called after the weights, the CUDA context and the attention backend's workspace are
+    allocated (they are what is in use); CUDA graphs and activations live in the rest,
+    `1 - fraction` of the GPU."""
+    used = total_bytes - free_bytes
+    budget = fraction * total_bytes - used
+    if budget < per_token_bytes:
+        raise RuntimeError(
+            f"--mem-fraction-static {fraction} leaves no room for the KV pool "
+            f"({used / 2**30:.1f} GiB of {total_bytes / 2**30:.1f} GiB already in use)"
+        )
+    return int(budget // per_token_bytes)
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """The sizes the scheduler's bookkeeping must agree with."""
+
+    total_tokens: int  # usable KV tokens (whole pages)
+    page_size: int
+    rows: int  # request rows (max running requests)
+    context_len: int  # longest sequence served
+    model_context_len: int  # the model's own limit (before the pool clipped it)
+
+
+def row_invariant_kernels(device: str, dtype: torch.dtype) -> bool:
+    """Whether the default path is already batch-invariant: bf16 on the CPU runs the compiled
+    linear and attention kernels, in which a token's every sum has one order whatever else
+    its forward holds (`kernels/csrc/linear.cpp`, `paged_attention.cpp`)."""
+    return device == "cpu" and dtype == torch.bfloat16
+
+
+def attention_backend(args: EngineConfig, device: str, dtype: torch.dtype) -> AttentionBackend:
+    if not args.enable_deterministic_inference:
+        return create_model_backend(args.attention_backend, device, page_size=args.page_size)
+    if not row_invariant_kernels(device, dtype):
+        return BatchInvariantAttentionBackend()
+    if (reason := cpu_extension.load()) is not None:  # the linear kernel needs them too
+        raise RuntimeError(
+            f"--enable-deterministic-inference in bf16 on the CPU needs the compiled CPU "
+            f"kernels ({reason}); or run --dtype float32"
+        )
+    return CpuAttentionBackend(use_kernels=True)
+
+
+def pool_layout(
+    args: EngineConfig, model_context: int, per_token_bytes: int, device: str, tp: TensorParallelGroup
+) -> PoolLayout:
+    """The KV pool (the same on every rank: the smallest any rank can hold) and the longest
+    sequence served in it (one request alone must always fit the pool, so retraction can
+    always make progress)."""
+    page = args.page_size
+    total = tp.min_over_ranks(size_kv_pool(args, device, per_token_bytes, tp.local_size))
+    total = total // page * page
+    model_context = args.max_context_len or model_context
+    context = min(model_context, total - page)
+    if context < 2:
+        raise ValueError(f"KV pool of {total} tokens is too small (page size {page})")
+    if context < model_context:
+        logger.warning(
+            "context length clipped to %d tokens (the model allows %d): the KV pool holds %d "
+            "tokens and one request must fit it alone; raise --max-total-tokens (or "
+            "--cpu-kv-cache-gib / --mem-fraction-static) to serve longer sequences",
+            context, model_context, total,
+        )  # fmt: skip
+    return PoolLayout(total, page, args.max_running_requests, context, model_context)
