@@ -125,8 +125,3 @@ def generate_logprobs(
     if k <= 0:
         return chosen, None
     return chosen, [[entry(lp, t) for t, lp in p.top[:k]] for p in positions]
-
-
-def positions_from_chosen(token_ids: Sequence[int], logprobs: Sequence[float]) -> list[PositionLogprobs]:
-    """Positions with only the chosen token's logprob (what the scheduler sends today)."""
-    return [PositionLogprobs(t, lp) for t, lp in zip(token_ids, logprobs, strict=False)]

@@ -79,7 +79,6 @@ class LoraAdapters:
         self._next_id = len(specs) + 1
         self._busy: set[str] = set()  # names being loaded or unloaded
         self._pending: dict[str, asyncio.Future[LoraOpResult]] = {}
-        self.load_seconds: list[float] = []  # loads through the API, for the metrics
         listeners = getattr(tm, "listeners", None)
         if listeners is not None:
             listeners.append(self)
@@ -159,7 +158,6 @@ class LoraAdapters:
                 raise ProtocolError(result.message, status=result.status, param="lora_path",
                                       type="invalid_request_error" if result.status < 500 else "server_error")  # fmt: skip
             self.adapters[name] = Adapter(name, path, lora_id)
-            self.load_seconds.append(result.load_seconds)
         finally:
             self._busy.discard(name)
         logger.info("lora adapter served name=%s id=%d path=%s", name, lora_id, path)
