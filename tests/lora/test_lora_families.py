@@ -1,7 +1,7 @@
 """LoRA beyond the Llama family, against PEFT on the same fp32 weights.
 
 Where an adapter may attach comes from each architecture's weight rules (`lora.layout`):
-Qwen3-MoE, Mixtral and gpt-oss take adapters on their attention projections, Gemma 3 and
+Qwen3-MoE, Mixtral and gpt-oss take adapters on their attention projections, Gemma 2/3 and
 Qwen3 on attention and MLP; an adapter on
 an expert layer's MLP (PEFT's `target_parameters` on the experts, or an older adapter's
 per-expert modules) is refused with a message naming what it targets. A mixed batch (adapter rows next to a base row)
@@ -35,6 +35,7 @@ MAKERS = {
     "mixtral": lambda p: make_tiny_mixtral(p, seed=4, initializer_range=0.08),
     "gpt_oss": lambda p: make_tiny_windowed(p, "gpt_oss", seed=5),
     "gemma3": lambda p: make_tiny_windowed(p, "gemma3", seed=6),
+    "gemma2": lambda p: make_tiny_windowed(p, "gemma2", seed=8),
     "qwen3": lambda p: make_tiny_qwen3(p, seed=7),
 }
 CASES = {
@@ -42,6 +43,7 @@ CASES = {
     "mixtral-attention": ("mixtral", ATTENTION),
     "gpt_oss-attention": ("gpt_oss", ATTENTION),
     "gemma3-all": ("gemma3", ALL_TARGETS),
+    "gemma2-all": ("gemma2", ALL_TARGETS),
     "qwen3-all": ("qwen3", ALL_TARGETS),
 }
 PROMPTS = [[5, 17, 33, 42, 9, 11, 60, 61], [100, 7, 3, 250, 31]]
