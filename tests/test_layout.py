@@ -169,6 +169,19 @@ def test_no_import_runs_up_a_floor():
     assert ALLOWED_UPWARD - bad == set(), "gone: remove it from ALLOWED_UPWARD"
 
 
+def test_the_flags_are_read_only_by_composition_roots():
+    """The engine and the API server keep their own record of the flags (`EngineConfig`,
+    `ApiConfig`, read by name); only the roots that parse and hand them on import the type."""
+    importers = {
+        source
+        for source, targets in _imports(_runtime_modules()).items()
+        if _floor_name(source) != "server_args"
+        and any(_floor_name(t) == "server_args" for t in targets)
+    }
+    assert {_floor_name(m) for m in importers} <= {"cli", "launch", "sim", "scheduler"}
+    assert {m for m in importers if _floor_name(m) == "scheduler"} == TEST_HOOK_IMPORTERS
+
+
 # the scheduler process's composition root: the only module that wires in the test hooks
 TEST_HOOK_IMPORTERS = {"sluice.runtime.scheduler.process"}
 

@@ -47,12 +47,17 @@ class FakeTM:
     vocab_size: int = 0  # 0: the tokenizer's size
     capacity: int = 0  # admission limit on requests in flight (0: none)
     rejected: int = 0  # requests refused by it
+    listeners: list[Any] = field(default_factory=list)
+    to_scheduler: list[object] = field(default_factory=list)  # what the LoRA routes sent
 
     def __post_init__(self):
         self.vocab_size = self.vocab_size or len(self.tokenizer)
 
     def scheduler_stalled(self, timeout_s):
         return False
+
+    def send_to_scheduler(self, msg):
+        self.to_scheduler.append(msg)
 
     def check_admission(self, n):  # as TokenizerManager.check_admission
         if self.capacity and n > self.capacity:

@@ -6,9 +6,9 @@ import pytest
 from fastapi.testclient import TestClient
 from http_fakes import MODEL, FakeTM
 
-from sluice.runtime import features as FEAT
 from sluice.runtime.entrypoints.http_server import build_app
 from sluice.runtime.entrypoints.request_fields import COMMON_REFUSED, NO_EFFECT, SAMPLING_REFUSED
+from sluice.runtime.features import ALL as ALL_FEATURES
 from sluice.runtime.server_args import ServerArgs
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -100,7 +100,7 @@ def test_features_the_scheduler_lacks_are_refused_not_yet(client, tm, body, fiel
 
 @pytest.fixture
 def wired(tokenizer):
-    tm = FakeTM(tokenizer, features=FEAT.ALL)
+    tm = FakeTM(tokenizer, features=ALL_FEATURES)
     with TestClient(build_app(tm, ServerArgs(model="/models/tiny"))) as c:
         yield c, tm
 
@@ -150,7 +150,7 @@ def test_a_constraint_the_library_cannot_compile_is_a_400_with_its_reason(
 
 
 def test_once_wired_top_logprobs_and_priority_reach_sampling_params(tokenizer):
-    tm = FakeTM(tokenizer, features=FEAT.ALL)
+    tm = FakeTM(tokenizer, features=ALL_FEATURES)
     args = ServerArgs(model="/m", max_top_logprobs=5)
     object.__setattr__(args, "schedule_policy", "priority")  # the lead adds the policy
     with TestClient(build_app(tm, args)) as c:

@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 from http_fakes import MODEL, FakeTM
 
-from sluice.runtime import features as FEAT
 from sluice.runtime.entrypoints.http_server import build_app
 from sluice.runtime.entrypoints.reasoning import ReasoningSplitter, split_reasoning
+from sluice.runtime.features import ALL as ALL_FEATURES
 from sluice.runtime.server_args import ServerArgs
 
 # Qwen3's template, shortened: tools in the system turn, calls as <tool_call> JSON, and an
@@ -42,7 +42,7 @@ def qwen3_tokenizer():
 
 
 def make_client(tokenizer, reply, reasoning="qwen3", tools=""):
-    tm = FakeTM(tokenizer, reply=reply, features=FEAT.ALL, context_len=1024)
+    tm = FakeTM(tokenizer, reply=reply, features=ALL_FEATURES, context_len=1024)
     args = ServerArgs(model="/m", reasoning_parser=reasoning, tool_call_parser=tools)
     http = TestClient(build_app(tm, args))
     client = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http,

@@ -14,9 +14,9 @@ from http_fakes import MODEL, FakeTM, sse_events
 from json_schemas import body_schema
 from test_http_errors import assert_error
 
-from sluice.runtime import features as FEAT
 from sluice.runtime.entrypoints.http_server import build_app
 from sluice.runtime.entrypoints.json_body import MAX_JSON_DEPTH
+from sluice.runtime.features import ALL as ALL_FEATURES
 from sluice.runtime.ipc.messages import FinishReason
 from sluice.runtime.server_args import ServerArgs
 
@@ -264,7 +264,7 @@ def openapi(client) -> dict:
 def test_the_openapi_document_declares_each_body_and_agrees_with_the_server(tokenizer, path):
     """The oracle is a JSON Schema validator over the document: what it accepts the server
     serves, what it refuses the server refuses."""
-    tm = FakeTM(tokenizer, features=FEAT.ALL, context_len=512)
+    tm = FakeTM(tokenizer, features=ALL_FEATURES, context_len=512)
     with TestClient(build_app(tm, ServerArgs(model="/m"))) as client:
         check_body_schema(client, path)
 

@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 from http_fakes import MODEL, FakeTM
 
-from sluice.runtime import features as FEAT
 from sluice.runtime.entrypoints.http_server import build_app
+from sluice.runtime.features import ALL as ALL_FEATURES
 from sluice.runtime.server_args import ServerArgs
 
 WEATHER = {
@@ -35,7 +35,7 @@ HERMES_REPLY = [
 ]
 
 
-def make_client(tokenizer, reply, parser="hermes", features=FEAT.ALL):
+def make_client(tokenizer, reply, parser="hermes", features=ALL_FEATURES):
     tm = FakeTM(tokenizer, reply=reply, features=features, context_len=512)
     http = TestClient(build_app(tm, ServerArgs(model="/m", tool_call_parser=parser)))
     client = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http,

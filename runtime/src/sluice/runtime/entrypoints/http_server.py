@@ -8,8 +8,10 @@ answer in OpenAI's shape.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sluice.runtime.constants import HEALTH_PATH, LIVE_PATH, METRICS_PATH, SERVER_INFO_PATH
 from sluice.runtime.disconnect import ClientGone
 from sluice.runtime.entrypoints import openapi_doc
+from sluice.runtime.entrypoints.api_config import ApiConfig
 from sluice.runtime.entrypoints.errors import ProtocolError, error_body
 from sluice.runtime.entrypoints.http_guards import ApiKeyMiddleware, BodyLimitMiddleware
 from sluice.runtime.entrypoints.lora_api import LoraAdapters
@@ -27,7 +30,6 @@ from sluice.runtime.entrypoints.serving_base import ServingContext, TokenizerMan
 from sluice.runtime.entrypoints.serving_chat import ServingChat
 from sluice.runtime.entrypoints.serving_completions import ServingCompletions
 from sluice.runtime.entrypoints.serving_generate import ServingGenerate
-from sluice.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sluice.http")
 
@@ -36,15 +38,19 @@ OPEN_PATHS = frozenset({HEALTH_PATH, LIVE_PATH, METRICS_PATH})  # no API key: pr
 
 def build_app(
     tm: TokenizerManagerLike,
-    args: ServerArgs,
+    flags: Any,
     metrics_handler: Callable[[], Awaitable[Response]] | None = None,
 ) -> FastAPI:
-    """The FastAPI app over a TokenizerManager (or anything with its interface).
+    """The FastAPI app over a TokenizerManager (or anything with its interface), for the
+    server's parsed flags (`flags`: the app keeps `ApiConfig.of` them, and shows the rest,
+    but the API key, on /server_info).
 
     `metrics_handler`: the coroutine serving GET /metrics (Prometheus text, no API key); a
     later issue supplies it. Without one there is no /metrics route.
     """
-    ctx = ServingContext(tm, args, LoraAdapters(tm, args))
+    args = ApiConfig.of(flags)
+    shown = {k: v for k, v in dataclasses.asdict(flags).items() if k != "api_key"}
+    ctx = ServingContext(tm, args, LoraAdapters(tm, args), shown)
     admin = ServingAdmin(ctx)
     app = FastAPI(
         title="sluice", docs_url=None, redoc_url=None, openapi_url=openapi_doc.OPENAPI_PATH

@@ -21,18 +21,17 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
+from sluice.runtime.entrypoints.api_config import ApiConfig
 from sluice.runtime.entrypoints.errors import ProtocolError
 from sluice.runtime.entrypoints.json_body import load_json_body
 from sluice.runtime.ipc.messages import LoadLoraReq, LoraOpResult, UnloadLoraReq
-from sluice.runtime.ipc.sockets import send
 from sluice.runtime.lora.spec import LoraAdapterError, check_name, parse_lora_modules
-from sluice.runtime.server_args import ServerArgs
 
 logger = logging.getLogger("sluice.lora")
 
@@ -64,11 +63,20 @@ class Adapter:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
+class SchedulerLink(Protocol):
+    """What the LoRA routes use of the TokenizerManager: its listeners (the scheduler's
+    answers arrive there) and its way to the scheduler."""
+
+    listeners: list[Any]
+
+    def send_to_scheduler(self, msg: object) -> None: ...
+
+
 class LoraAdapters:
     """The adapters this server serves; a TokenizerManager listener (`on_message`) for the
     scheduler's answers to loads and unloads."""
 
-    def __init__(self, tm: Any, args: ServerArgs) -> None:
+    def __init__(self, tm: SchedulerLink, args: ApiConfig) -> None:
         self.tm = tm
         self.enabled = args.enable_lora
         self.wait_s = max(args.drain_timeout, 1.0)
@@ -79,9 +87,7 @@ class LoraAdapters:
         self._next_id = len(specs) + 1
         self._busy: set[str] = set()  # names being loaded or unloaded
         self._pending: dict[str, asyncio.Future[LoraOpResult]] = {}
-        listeners = getattr(tm, "listeners", None)
-        if listeners is not None:
-            listeners.append(self)
+        tm.listeners.append(self)
 
     # ---- lookups ------------------------------------------------------------------------
     def get(self, name: str | None) -> Adapter | None:
@@ -117,7 +123,7 @@ class LoraAdapters:
     async def _ask(self, msg: LoadLoraReq | UnloadLoraReq) -> LoraOpResult:
         future: asyncio.Future[LoraOpResult] = asyncio.get_running_loop().create_future()
         self._pending[msg.op_id] = future
-        send(self.tm._to_scheduler, msg)
+        self.tm.send_to_scheduler(msg)
         try:
             return await asyncio.wait_for(future, OP_TIMEOUT_S)
         except asyncio.TimeoutError:

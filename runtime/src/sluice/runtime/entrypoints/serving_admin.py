@@ -50,7 +50,7 @@ class ServingAdmin(ServingBase):
         return JSONResponse({"status": "alive"})
 
     def server_info(self) -> dict[str, Any]:
-        info = {k: v for k, v in dataclasses.asdict(self.args).items() if k != "api_key"}
+        info = dict(self.ctx.flags)
         info.update(self.tm.server_info())
         if self.tm.stats is not None:  # the scheduler's latest SchedulerStats
             info["scheduler_stats"] = dataclasses.asdict(self.tm.stats)

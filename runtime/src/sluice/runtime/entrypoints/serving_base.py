@@ -26,6 +26,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from sluice.runtime.disconnect import unless_disconnected
+from sluice.runtime.entrypoints.api_config import ApiConfig
 from sluice.runtime.entrypoints.constraints import ConstraintError, request_constraint
 from sluice.runtime.entrypoints.errors import (
     ProtocolError,
@@ -59,7 +60,6 @@ from sluice.runtime.entrypoints.streaming import (
 )
 from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST, GenerateChunk
 from sluice.runtime.ipc.messages import Constraint, FinishReason, SamplingParams, SchedulerStats
-from sluice.runtime.server_args import ServerArgs
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -92,6 +92,11 @@ class TokenizerManagerLike(Protocol):
     def abort_all(self) -> list[str]: ...
     def scheduler_stalled(self, timeout_s: float) -> bool: ...
     def server_info(self) -> dict[str, Any]: ...
+
+    # what the LoRA routes use (`lora_api.SchedulerLink`)
+    listeners: list[Any]
+
+    def send_to_scheduler(self, msg: object) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +143,9 @@ class ServingContext:
     adapters, and the one thread that tokenizes."""
 
     tm: TokenizerManagerLike
-    args: ServerArgs
+    args: ApiConfig
     lora: LoraAdapters
+    flags: dict[str, Any]  # every server flag but the API key, for /server_info
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     # tokenization and chat templates run here, one at a time (a fast tokenizer is not
     # safe to call from several threads), so a long prompt never stalls the event loop

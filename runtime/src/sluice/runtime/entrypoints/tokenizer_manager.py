@@ -126,6 +126,9 @@ class TokenizerManager:
     def num_inflight(self) -> int:
         return len(self._states)
 
+    def send_to_scheduler(self, msg: object) -> None:
+        send(self._to_scheduler, msg)
+
     def scheduler_stalled(self, timeout_s: float) -> bool:
         """Requests are waiting on a scheduler that has been silent for over `timeout_s`
         (read by /health/live and by the watchdog)."""
@@ -232,9 +235,8 @@ class TokenizerManager:
             else None
         )
         try:
-            send(
-                self._to_scheduler,
-                TokenizedGenerateReq(internal, list(input_ids), sampling, time.time()),
+            self.send_to_scheduler(
+                TokenizedGenerateReq(internal, list(input_ids), sampling, time.time())
             )
             while True:
                 chunk = await state.queue.get()
@@ -251,7 +253,7 @@ class TokenizerManager:
                 self._client_rids.pop(rid, None)
             if not finished:
                 logger.info("request aborted rid=%s reason=client-gone", rid or internal)
-                send(self._to_scheduler, AbortReq(internal))
+                self.send_to_scheduler(AbortReq(internal))
                 for listener in self.listeners:
                     if hasattr(listener, "on_abort"):
                         listener.on_abort(internal, state)
@@ -276,7 +278,7 @@ class TokenizerManager:
                 continue
             state.abort_requested = True
             logger.info("request aborted rid=%s reason=abort-request", rid)
-            send(self._to_scheduler, AbortReq(internal))
+            self.send_to_scheduler(AbortReq(internal))
         return rids
 
     async def prefill_only(self, input_ids: list[int]) -> None:
@@ -296,7 +298,7 @@ class TokenizerManager:
             return
         timeout = self.limits.request_timeout_s
         logger.info("request aborted rid=%s reason=timeout after=%gs", internal, timeout)
-        send(self._to_scheduler, AbortReq(internal))
+        self.send_to_scheduler(AbortReq(internal))
         message = f"The request did not finish within --request-timeout ({timeout:g} s)."
         self._end(internal, state, FinishReason("timeout", message=message))
 

@@ -1,0 +1,37 @@
+"""What the API server reads of the server's flags, as one frozen record.
+
+The entrypoints sit above the flags' floor only as users of these fields: the composition
+root (`launch.py`) hands `build_app` the parsed flags and the app keeps `ApiConfig.of` them,
+read by name, so no route imports the flag type (the engine's `EngineConfig` is the same
+rule one floor down).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """No defaults: every field comes from the flags (`of`), whose defaults are the only ones."""
+
+    model: str
+    api_key: str
+    max_request_body_bytes: int
+    disable_radix_cache: bool
+    enable_lora: bool
+    lora_modules: tuple[str, ...]
+    drain_timeout: float
+    reasoning_parser: str
+    tool_call_parser: str
+    max_top_logprobs: int
+    schedule_policy: str
+    scheduler_heartbeat_timeout: float
+
+    @classmethod
+    def of(cls, flags: Any) -> ApiConfig:
+        """The fields of `flags` (the server's parsed flags, or an ApiConfig) by name."""
+        if isinstance(flags, ApiConfig):
+            return flags
+        return cls(**{f.name: getattr(flags, f.name) for f in fields(cls)})
