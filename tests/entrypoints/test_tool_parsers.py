@@ -71,3 +71,10 @@ def test_forced_shapes():
 def test_an_unknown_parser_is_refused():
     with pytest.raises(ValueError, match="hermes"):
         get_tool_parser("mistral")
+
+
+def test_the_parsers_the_flags_offer_are_the_ones_implemented():
+    from sluice.runtime.constants import TOOL_CALL_PARSERS
+    from sluice.runtime.entrypoints.tool_parsers import TOOL_PARSERS
+
+    assert set(TOOL_PARSERS) == set(TOOL_CALL_PARSERS)

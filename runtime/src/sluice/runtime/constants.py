@@ -174,3 +174,8 @@ ROUTER_OVERHEAD_BUCKETS_SECONDS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )  # fmt: skip
 ROUTER_PREFIX_MATCH_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+
+# the output parsers a server may be started with (`--tool-call-parser`, `--reasoning-parser`);
+# entrypoints/tool_parsers and entrypoints/reasoning implement exactly these
+TOOL_CALL_PARSERS = ("hermes", "qwen25", "llama3_json")
+REASONING_PARSERS = ("qwen3",)

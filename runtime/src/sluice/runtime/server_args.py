@@ -31,7 +31,9 @@ from sluice.runtime.constants import (
     KV_CACHE_DTYPES,
     LIVE_PATH,
     QUANTIZATIONS,
+    REASONING_PARSERS,
     SCHEDULE_POLICIES,
+    TOOL_CALL_PARSERS,
 )
 from sluice.runtime.dataclass_cli import add_flags, option
 
@@ -151,12 +153,12 @@ class ServerArgs:
     tool_call_parser: str = option(
         "", "How tool calls are read from the output for tool_choice auto "
         "(hermes, qwen25, llama3_json; empty: auto tool choice is refused).",
-        ("", "hermes", "qwen25", "llama3_json"),
+        ("", *TOOL_CALL_PARSERS),
     )
     reasoning_parser: str = option(
         "", "How a reasoning model's thinking is separated from its answer in chat replies "
         "(qwen3: <think>...</think> into reasoning_content; empty: none, all text is content).",
-        ("", "qwen3"),
+        ("", *REASONING_PARSERS),
     )
     max_top_logprobs: int = option(20, "Largest top_logprobs / logprobs k a request may ask.")
     api_key: str = option("", f"Require this bearer token on the API (also ${ENV_API_KEY}).")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-REASONING_PARSERS = ("qwen3",)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
