@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
+
+D = TypeVar("D")
 
 _TYPES = {"int": int, "float": float, "str": str}
 
@@ -53,3 +55,11 @@ def add_flags(
             choices=f.metadata["choices"],
             help=f"{help_text} (default: {f.default!r})",
         )
+
+
+def fields_by_name(cls: type[D], source: Any) -> D:
+    """The dataclass `cls` with each field read by name from `source` (a larger record, such
+    as the server's parsed flags); `source` itself when it already is a `cls`."""
+    if isinstance(source, cls):
+        return source
+    return cls(**{f.name: getattr(source, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]

@@ -8,8 +8,10 @@ name, so the engine imports no flag type). GPU auto sizes are resolved before
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from sluice.runtime.dataclass_cli import fields_by_name
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,4 @@ class EngineConfig:
     @classmethod
     def of(cls, flags: Any) -> EngineConfig:
         """The fields of `flags` (the server's parsed flags, or an EngineConfig) by name."""
-        if isinstance(flags, EngineConfig):
-            return flags
-        return cls(**{f.name: getattr(flags, f.name) for f in fields(cls)})
+        return fields_by_name(cls, flags)

@@ -8,8 +8,10 @@ rule one floor down).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from sluice.runtime.dataclass_cli import fields_by_name
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,4 @@ class ApiConfig:
     @classmethod
     def of(cls, flags: Any) -> ApiConfig:
         """The fields of `flags` (the server's parsed flags, or an ApiConfig) by name."""
-        if isinstance(flags, ApiConfig):
-            return flags
-        return cls(**{f.name: getattr(flags, f.name) for f in fields(cls)})
+        return fields_by_name(cls, flags)
