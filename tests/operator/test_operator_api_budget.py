@@ -23,6 +23,7 @@ from kopf_testkit import (
     WAIT_S,
     condition,
     create,
+    events,
     get,
     report_replicas,
     status,
@@ -104,11 +105,21 @@ def serving(cluster, ns: str, name: str) -> None:
     hpa_metrics(cluster, ns, name, 0)
 
 
+def degraded_barrier(cluster, ns: str, name: str, timeout: float = WAIT_S) -> None:
+    """An HPA problem the status shows: once the Degraded condition and the Warning Event
+    the operator posts after it (a separate request) are both there, the operator has
+    nothing left to do for the events so far."""
+    hpa_metrics(cluster, ns, name, 0, able=False)
+    wait_for(lambda: condition(cluster, ns, name, "Degraded").get("status") == "True",
+             timeout=timeout, what=f"the HPA problem of {name} in the status")  # fmt: skip
+    reason = condition(cluster, ns, name, "Degraded")["reason"]
+    wait_for(lambda: any(e["involvedObject"]["name"] == name for e in events(cluster, ns, reason)),
+             timeout=timeout, what=f"the {reason} Event of {name}")  # fmt: skip
+
+
 def test_status_only_hpa_writes_cost_no_request(cluster, ns):
     serving(cluster, ns, "chat")
-    hpa_metrics(cluster, ns, "chat", 0, able=False)  # the status shows it: a barrier
-    wait_for(lambda: condition(cluster, ns, "chat", "Degraded").get("status") == "True",
-             what="the HPA problem in the status")  # fmt: skip
+    degraded_barrier(cluster, ns, "chat")
     mark = len(cluster.requests())
 
     for value in range(1, 6):  # five status-only writes: the metric moves
@@ -157,9 +168,7 @@ def test_fifty_autoscaled_services_under_changing_metrics_stay_within_budget(clu
         wait_for(lambda n=name: status(cluster, ns, n).get("observedGeneration") == 1
                  and get(cluster, HPA, ns, n), timeout=3 * WAIT_S, what=f"{name} reconciled")  # fmt: skip
     last = names[-1]
-    hpa_metrics(cluster, ns, last, 0, able=False)  # a barrier, as above
-    wait_for(lambda: condition(cluster, ns, last, "Degraded").get("status") == "True",
-             timeout=3 * WAIT_S, what="the last service's HPA problem")  # fmt: skip
+    degraded_barrier(cluster, ns, last, timeout=3 * WAIT_S)
     mark, started = len(cluster.requests()), time.monotonic()
 
     for value in range(1, 3):  # two rounds of metrics for every service
