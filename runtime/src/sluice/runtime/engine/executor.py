@@ -47,6 +47,24 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+class ExecutorWrapper:
+    """An executor around another that changes only `submit` (a test's fault injection,
+    the calibration's recorder): the rest is the inner one's."""
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+        self.device_row: DeviceRowReader | None = inner.device_row
+
+    def submit(self, fi: ForwardInput) -> PendingOutput:
+        return self.inner.submit(fi)
+
+    def wait_idle(self) -> None:
+        self.inner.wait_idle()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class SyncExecutor:
     """Runs the forward on the calling thread; the returned future is already done."""
 

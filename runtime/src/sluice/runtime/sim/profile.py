@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.runtime.engine.executor import Executor, ExecutorWrapper
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
 from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.ipc.messages import SamplingParams, TokenizedGenerateReq
@@ -107,13 +108,12 @@ def warmup_scenario(max_rows: int) -> Scenario:
     return Scenario("warmup", ((0, reqs), (2, (ProfileRequest(300, 3),))))
 
 
-class RecordingExecutor:
+class RecordingExecutor(ExecutorWrapper):
     """The scheduler's executor, remembering each submitted batch's features (and, for the
     CPU clock, the thread CPU time the submit took: the whole forward in the normal loop)."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.device_row = inner.device_row
+    def __init__(self, inner: Executor) -> None:
+        super().__init__(inner)
         self.submitted: deque[tuple[BatchFeatures, Future[ForwardOutput]]] = deque()
         self.submit_cpu: dict[int, float] = {}
 
@@ -123,12 +123,6 @@ class RecordingExecutor:
         self.submit_cpu[id(fut)] = time.thread_time() - c0
         self.submitted.append((BatchFeatures.of(fi), fut))
         return fut
-
-    def wait_idle(self) -> None:
-        self.inner.wait_idle()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 CLOCKS = ("wall", "cpu")

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 
 from sluice.runtime.engine.engine_faults import EngineUnusable
-from sluice.runtime.engine.executor import DeviceRowReader, Executor, PendingOutput
+from sluice.runtime.engine.executor import Executor, ExecutorWrapper, PendingOutput
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
 
 ENV_FAULTS = "SLUICE_TEST_FAULTS"
@@ -89,16 +89,15 @@ class _Failing:
         raise self.error
 
 
-class FaultInjectingExecutor:
+class FaultInjectingExecutor(ExecutorWrapper):
     """`inner`, with the forwards `plan` picks failing. With tensor parallelism
     (`group_size` > 1) every fault is unrecoverable, as a real one is (the model worker's
     rule: one rank cannot drop a batch alone)."""
 
     def __init__(self, inner: Executor, plan: FaultPlan, group_size: int = 1) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.plan = plan
         self.group_size = group_size
-        self.device_row: DeviceRowReader | None = inner.device_row
 
     def submit(self, fi: ForwardInput) -> PendingOutput:
         pending = self.inner.submit(fi)
@@ -112,9 +111,3 @@ class FaultInjectingExecutor:
         except InjectedFatalFault as fault:
             return _Failing(pending, fault)
         return pending
-
-    def wait_idle(self) -> None:
-        self.inner.wait_idle()
-
-    def close(self) -> None:
-        self.inner.close()
