@@ -13,8 +13,7 @@ from sluice.runtime.ipc.messages import (
     TokenUpdate,
 )
 from sluice.runtime.scheduler.cache import KVCacheManager
-from sluice.runtime.scheduler.decode import DecodeManager
-from sluice.runtime.scheduler.prefill import PrefillBatch, PrefillManager
+from sluice.runtime.scheduler.prefill import PrefillBatch
 from sluice.runtime.scheduler.request import Req
 
 
@@ -130,18 +129,20 @@ def token_output(reqs: list[Req]) -> BatchTokenIDOut:
 def stats_of(
     c: Counters,
     cache: KVCacheManager,
-    prefill: PrefillManager,
-    decode: DecodeManager,
+    waiting: int,
+    running: list[Req],
+    new_token_ratio: float,
     adapters: dict[str, Any],
 ) -> SchedulerStats:
-    """The scheduler's published stats (`adapters`: `AdapterGate.stats`)."""
+    """The scheduler's published stats: `running` the decoding requests and the one being
+    chunked, `adapters` what `AdapterGate.stats` says of them."""
     total = cache.total_tokens
     used = total - cache.available_size
     return SchedulerStats(
-        queue_requests=len(prefill.waiting),
-        running_requests=len(decode.running) + (1 if prefill.chunked else 0),
+        queue_requests=waiting,
+        running_requests=len(running),
         kv_token_usage=used / total if total else 0.0,
-        new_token_ratio=decode.ratio.value,
+        new_token_ratio=new_token_ratio,
         retractions_total=c.retractions_total,
         retracted_tokens_total=c.retracted_tokens_total,
         prefix_cache_hit_ratio=(c.cached_prompt_tokens / c.prompt_tokens) if c.prompt_tokens else 0.0,

@@ -124,15 +124,10 @@ class MaskHandOff:
     def mask_for(self, sampled: Sequence[Req], fill_now: bool) -> VocabMask | None:
         """The mask a launch of `sampled` rows needs (None when none is constrained)."""
         pending = pending_mask(self.grammars, sampled)
-        if pending is None or self.grammars is None:
-            self._pending = None
-            return None
-        if fill_now:
-            pending.fill(self.grammars)
-            self._pending = None
-        else:
-            self._pending = pending
-        return pending.mask
+        self._pending = None if fill_now else pending
+        if pending is not None and fill_now:
+            pending.fill(self.grammars)  # type: ignore[arg-type]  # pending: grammars is set
+        return pending.mask if pending is not None else None
 
     def fill_pending(self) -> None:
         if self._pending is not None and self.grammars is not None:

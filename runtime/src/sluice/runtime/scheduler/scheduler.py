@@ -363,8 +363,9 @@ class Scheduler:
         return self.intake.take_output()
 
     def stats(self) -> SchedulerStats:
-        adapters = self.adapters.stats(self.decode.running_with_chunk(self.prefill.chunked), self.prefill.waiting)
-        return stats_of(self.counters, self.cache, self.prefill, self.decode, adapters)
+        running = self.decode.running_with_chunk(self.prefill.chunked)
+        adapters = self.adapters.stats(running, self.prefill.waiting)
+        return stats_of(self.counters, self.cache, len(self.prefill.waiting), running, self.ratio.value, adapters)
 
     def take_replies(self) -> list[LoraOpResult]:
         """Answers to LoRA loads and unloads since the last call."""
