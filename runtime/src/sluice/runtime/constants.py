@@ -155,6 +155,11 @@ FLAG_DISCOVER_PORT_NAME = "--discover-port-name"
 FLAG_METRICS_COMPAT = "--metrics-compat"
 # response header naming the worker that served a request (debugging, tests, benchmarks)
 ROUTER_WORKER_HEADER = "x-sluice-worker"
+# the Responses API: the routes, and the header a worker puts on every response it stored
+# (the router learns from it which worker holds a `previous_response_id`)
+RESPONSES_PATH = "/v1/responses"
+RESPONSE_ID_HEADER = "x-sluice-response-id"
+TOKENIZE_PATHS = ("/tokenize", "/detokenize")
 
 # router metrics
 LABEL_WORKER = "worker"
