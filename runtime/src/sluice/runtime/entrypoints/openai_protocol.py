@@ -58,7 +58,7 @@ GENERATE_DEFAULT_MAX_NEW_TOKENS = 128
 GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
-class _Strict(BaseModel):
+class StrictObject(BaseModel):
     """A nested object: unknown keys are refused."""
 
     model_config = ConfigDict(extra="forbid")
@@ -70,7 +70,7 @@ def _closed(schema: dict[str, Any]) -> None:
     schema["additionalProperties"] = False
 
 
-class _Request(BaseModel):
+class RequestBody(BaseModel):
     """A request body. Extra fields are kept so that `unsupported()` can name them."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, json_schema_extra=_closed)
@@ -92,13 +92,13 @@ class _Request(BaseModel):
         return ProtocolError(message, param=name, code="unsupported_parameter")
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictObject):
     include_usage: Bool = False
     continuous_usage_stats: Bool = False  # vLLM: usage in every chunk
     include_obfuscation: Bool = False  # no effect: no obfuscation padding is added
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(StrictObject):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     name: str | None = None
     description: str | None = None
@@ -106,12 +106,12 @@ class JsonSchemaFormat(_Strict):
     strict: Bool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(StrictObject):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(_Strict):
+class StructuredOutputs(StrictObject):
     """vLLM's `structured_outputs` (the successor of its guided_* fields)."""
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")
@@ -123,7 +123,7 @@ class StructuredOutputs(_Strict):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class _SamplingRequest(_Request):
+class _SamplingRequest(RequestBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None  # None: the served model
@@ -235,7 +235,7 @@ class CompletionRequest(_SamplingRequest):
             raise ProtocolError("best_of is not supported (it must equal n)", param="best_of")
 
 
-class ContentPart(_Strict):
+class ContentPart(StrictObject):
     type: Literal["text"]
     text: str
 
@@ -321,7 +321,7 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ProtocolError(problem[1], param=problem[0])
 
 
-class NativeSamplingParams(_Request):
+class NativeSamplingParams(RequestBody):
     """`sampling_params` of /generate, named as in SGLang."""
 
     REFUSED: ClassVar[dict[str, Refused]] = SAMPLING_REFUSED
@@ -352,7 +352,7 @@ def _native_params(value: Any) -> Any:
     return value if isinstance(value, list) else [value]
 
 
-class GenerateRequest(_Request):
+class GenerateRequest(RequestBody):
     text: str | list[str] | None = None
     input_ids: list[TokenId] | list[list[TokenId]] | None = None
     sampling_params: Annotated[
@@ -409,7 +409,7 @@ class GenerateRequest(_Request):
                 raise ProtocolError("rid: give one distinct id per prompt", param="rid")
 
 
-class AbortRequest(_Request):
+class AbortRequest(RequestBody):
     """SGLang's POST /abort_request body."""
 
     rid: str = ""

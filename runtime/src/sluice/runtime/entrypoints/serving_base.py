@@ -59,6 +59,14 @@ from sluice.runtime.entrypoints.streaming import (
     sse_event,
 )
 from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST, GenerateChunk
+from sluice.runtime.entrypoints.tool_parsers import ToolParser
+from sluice.runtime.entrypoints.tools import (
+    ToolError,
+    output_parser,
+    template_message,
+    template_tools,
+    tool_constraint,
+)
 from sluice.runtime.ipc.messages import Constraint, FinishReason, SamplingParams, SchedulerStats
 
 T = TypeVar("T")
@@ -135,6 +143,16 @@ def is_failure(reason: FinishReason | None, abort_is_error: bool) -> bool:
     if reason.kind in ("error", "timeout"):
         return True
     return abort_is_error and reason.kind == "abort" and reason.message != ABORTED_BY_REQUEST
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedChat:
+    """A chat request ready to start: its prompt, one choice's params, and how its output
+    is read for tool calls (None: it stays content)."""
+
+    ids: list[int]
+    params: SamplingParams
+    parser: ToolParser | None
 
 
 @dataclasses.dataclass
@@ -257,6 +275,58 @@ class ServingBase:
         for p in params:
             p.lora_id = self.lora_id(req.model)
         return prompts, params
+
+    # --- chat: /v1/chat/completions and /v1/responses ------------------------------------------
+    async def prepare_chat(
+        self, req: ChatCompletionRequest, format_param: str = "response_format"
+    ) -> PreparedChat:
+        """Tools (a forced tool_choice becomes the grammar), the constraint, the checks, the
+        chat template on the tokenizer thread, and the sampling params. `format_param`: the
+        field the route calls its output format (the Responses API's `text.format`)."""
+        choice = req.effective_tool_choice
+        try:
+            forced = tool_constraint(req.tools, choice, req.parallel_tool_calls)
+            parser = output_parser(req.tools, choice, self.args.tool_call_parser)
+        except ToolError as exc:
+            raise ProtocolError(str(exc), param=exc.param) from exc
+        constraint = self.constraint(req)
+        if constraint is not None and constraint[0] == "response_format":
+            constraint = (format_param, constraint[1])
+        if forced is not None:
+            if constraint is not None:
+                raise ProtocolError(
+                    f"tool_choice {choice if isinstance(choice, str) else 'function'} cannot "
+                    f"be combined with {constraint[0]}",
+                    param="tool_choice",
+                )
+            constraint = ("tool_choice", forced)
+        self.check_sampling(req, constraint, top_param="top_logprobs")
+        encoded = await self.off_loop(self.chat_prompt, req)
+        [ids], [params] = self.sampling_params(req, [encoded], constraint)
+        return PreparedChat(ids, params, parser)
+
+    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        """The prompt's ids (on the tokenizer thread): the chat template applied to the
+        messages and tools, or SGLang's `input_ids` as they are."""
+        if req.input_ids is not None:  # SGLang: token ids instead of the template
+            return self.encode(req.input_ids, param="input_ids")
+        kwargs = dict(req.chat_template_kwargs or {})
+        for name in ("documents", "chat_template"):
+            if getattr(req, name) is not None:
+                kwargs[name] = getattr(req, name)
+        try:
+            prompt = self.tm.tokenizer.apply_chat_template(
+                [template_message(m) for m in req.messages],
+                tools=template_tools(req.tools),
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                tokenize=False,
+                **kwargs,
+            )
+        except Exception as exc:  # no template, or the template refused the messages
+            message = f"Cannot apply the chat template: {exc}"
+            raise ProtocolError(message, param="messages") from exc
+        return self.encode(prompt, add_special_tokens=req.add_special_tokens)
 
     # --- the generation ---------------------------------------------------------------------
     async def start(self, jobs: list[Job], stop_param: str = "stop_token_ids") -> ChoiceStreams:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from sluice.runtime.entrypoints.errors import ProtocolError
+from sluice.runtime.entrypoints.choice_output import ChoiceOutput
 from sluice.runtime.entrypoints.logprobs import TokenBytes, chat_logprobs
 from sluice.runtime.entrypoints.openai_protocol import ChatCompletionRequest
 from sluice.runtime.entrypoints.openai_responses import (
@@ -34,40 +34,17 @@ from sluice.runtime.entrypoints.reasoning import ReasoningSplitter, split_reason
 from sluice.runtime.entrypoints.request_params import finish_reason, kept_stop_text, stop_reason
 from sluice.runtime.entrypoints.serving_base import ServingBase, fan_out
 from sluice.runtime.entrypoints.streaming import Chunk, SSEResponse, positions_of, sse_event
-from sluice.runtime.entrypoints.tool_parsers import StreamDelta, StreamingToolParser
-from sluice.runtime.entrypoints.tools import (
-    ToolError,
-    output_parser,
-    template_message,
-    template_tools,
-    tool_constraint,
-)
+from sluice.runtime.entrypoints.tool_parsers import ToolCallDelta
 
 
 class ServingChat(ServingBase):
     async def handle(self, request: Request) -> Response:
         req = await self.parse(request, ChatCompletionRequest)
         model = self.check_model(req.model)
-        choice = req.effective_tool_choice
-        try:
-            forced = tool_constraint(req.tools, choice, req.parallel_tool_calls)
-            parser = output_parser(req.tools, choice, self.args.tool_call_parser)
-        except ToolError as exc:
-            raise ProtocolError(str(exc), param=exc.param) from exc
-        constraint = self.constraint(req)
-        if forced is not None:
-            if constraint is not None:
-                raise ProtocolError(
-                    f"tool_choice {choice if isinstance(choice, str) else 'function'} cannot "
-                    f"be combined with {constraint[0]}",
-                    param="tool_choice",
-                )
-            constraint = ("tool_choice", forced)
-        self.check_sampling(req, constraint, top_param="top_logprobs")
-        encoded = await self.off_loop(self.chat_prompt, req)
-        [ids], params = self.sampling_params(req, [encoded], constraint)
+        prepared = await self.prepare_chat(req)
+        ids, params, parser = prepared.ids, prepared.params, prepared.parser
         rid = req.client_rid or f"chatcmpl-{uuid.uuid4().hex}"
-        jobs = fan_out([ids], params, [req.n], rid)
+        jobs = fan_out([ids], [params], [req.n], rid)
         last = req.messages[-1]
         echo = last.text if req.echo and last.role == "assistant" else ""
         streams = await self.start(jobs)
@@ -75,10 +52,13 @@ class ServingChat(ServingBase):
         tb = functools.partial(self.token_bytes, req.return_tokens_as_token_ids)
         reasoning = bool(self.args.reasoning_parser) and req.separate_reasoning
         if req.stream:
-            parsers = [parser.streaming() if parser else None for _ in jobs]
-            splitters = [ReasoningSplitter() if reasoning else None for _ in jobs]
-            fmt = ChatEvents(rid, model, req.n, top, tb, parsers, echo, req.keep_stop_string,
-                             req.continuous_usage, req.parallel_tool_calls, splitters)  # fmt: skip
+            outputs = [
+                ChoiceOutput(ReasoningSplitter() if reasoning else None,
+                             parser.streaming() if parser else None)
+                for _ in jobs
+            ]  # fmt: skip
+            fmt = ChatEvents(rid, model, req.n, top, tb, outputs, echo, req.keep_stop_string,
+                             req.continuous_usage, req.parallel_tool_calls)  # fmt: skip
             return SSEResponse(self.events(streams, fmt, req.n, req.include_usage, True, req.n))
         collected = await self.collect(request, streams, req.n)
         choices = []
@@ -119,31 +99,8 @@ class ServingChat(ServingBase):
         )  # fmt: skip
         return JSONResponse(body.model_dump())
 
-    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
-        """The prompt's ids (on the tokenizer thread): the chat template applied to the
-        messages and tools, or SGLang's `input_ids` as they are."""
-        if req.input_ids is not None:  # SGLang: token ids instead of the template
-            return self.encode(req.input_ids, param="input_ids")
-        kwargs = dict(req.chat_template_kwargs or {})
-        for name in ("documents", "chat_template"):
-            if getattr(req, name) is not None:
-                kwargs[name] = getattr(req, name)
-        try:
-            prompt = self.tm.tokenizer.apply_chat_template(
-                [template_message(m) for m in req.messages],
-                tools=template_tools(req.tools),
-                add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message,
-                tokenize=False,
-                **kwargs,
-            )
-        except Exception as exc:  # no template, or the template refused the messages
-            message = f"Cannot apply the chat template: {exc}"
-            raise ProtocolError(message, param="messages") from exc
-        return self.encode(prompt, add_special_tokens=req.add_special_tokens)
 
-
-def delta_tool_calls(d: StreamDelta, parallel: bool) -> list[DeltaToolCall]:
+def delta_tool_calls(deltas: tuple[ToolCallDelta, ...], parallel: bool) -> list[DeltaToolCall]:
     return [
         DeltaToolCall(
             index=c.index,
@@ -151,7 +108,7 @@ def delta_tool_calls(d: StreamDelta, parallel: bool) -> list[DeltaToolCall]:
             type="function" if c.id is not None else None,
             function=DeltaFunction(name=c.name, arguments=c.arguments),
         )
-        for c in d.tool_calls
+        for c in deltas
         if parallel or c.index == 0
     ]
 
@@ -165,12 +122,11 @@ class ChatEvents:
     n: int
     logprobs: int | None  # top-k per position; None: no logprobs
     token_bytes: Callable[[], TokenBytes]
-    parsers: list[StreamingToolParser | None]
+    outputs: list[ChoiceOutput]  # each choice's reasoning / content / tool-call split
     echo: str = ""
     keep_stop: bool = False
     continuous_usage: bool = False
     parallel_tool_calls: bool = True
-    splitters: list[ReasoningSplitter | None] | None = None  # --reasoning-parser, per choice
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     called: set[int] = dataclasses.field(default_factory=set)
 
@@ -191,24 +147,11 @@ class ChatEvents:
         lp = None
         if self.logprobs is not None:
             lp = chat_logprobs(self.token_bytes(), positions_of(chunk), self.logprobs)
-        thought = ""
-        splitter = self.splitters[index] if self.splitters else None
-        if splitter is not None:
-            split = splitter.feed(text)
-            thought, text = split.reasoning, split.content
-            if chunk.finished is not None:
-                end = splitter.finish()
-                thought, text = thought + end.reasoning, text + end.content
-        content, calls = text, []
-        parser = self.parsers[index]
-        if parser is not None:
-            d = parser.feed(text)
-            if chunk.finished is not None:
-                end = parser.finish()
-                d = StreamDelta(d.content + end.content, d.tool_calls + end.tool_calls)
-            content, calls = d.content, delta_tool_calls(d, self.parallel_tool_calls)
-            if calls:
-                self.called.add(index)
+        pieces = self.outputs[index].feed(text, chunk.finished is not None)
+        thought, content = pieces.reasoning, pieces.content
+        calls = delta_tool_calls(pieces.tool_calls, self.parallel_tool_calls)
+        if calls:
+            self.called.add(index)
         if content or calls or thought or (lp is not None and chunk.token_ids):
             delta = DeltaMessage(
                 content=content or None, reasoning_content=thought or None, tool_calls=calls or None
