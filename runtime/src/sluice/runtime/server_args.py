@@ -161,6 +161,13 @@ class ServerArgs:
         ("", *REASONING_PARSERS),
     )
     max_top_logprobs: int = option(20, "Largest top_logprobs / logprobs k a request may ask.")
+    responses_store_size: int = option(
+        1024, "Responses kept for previous_response_id and GET /v1/responses/{id} (store: "
+        "true), in this server's memory; the least recently used go first (0: store none)."
+    )
+    responses_store_ttl: float = option(
+        3600.0, "Seconds a stored response is kept after it was last used."
+    )
     api_key: str = option("", f"Require this bearer token on the API (also ${ENV_API_KEY}).")
     random_seed: int = option(
         -1, "Seed of the seeds drawn for requests that give none (-1: fresh randomness at each "
@@ -304,6 +311,10 @@ class ServerArgs:
             problems.append("--max-request-body-bytes must be >= 1")
         if not 0 <= self.max_top_logprobs <= 100:
             problems.append("--max-top-logprobs must be in [0, 100]")
+        if self.responses_store_size < 0:
+            problems.append("--responses-store-size must be >= 0 (0: store none)")
+        if self.responses_store_ttl <= 0:
+            problems.append("--responses-store-ttl must be > 0")
         if self.quantization == "w8a8" and self.device == "cuda":
             problems.append("--quantization w8a8 is implemented for the CPU only")
         if self.quantization != "none" and self.enable_deterministic_inference:

@@ -28,6 +28,8 @@ class ApiConfig:
     reasoning_parser: str
     tool_call_parser: str
     max_top_logprobs: int
+    responses_store_size: int
+    responses_store_ttl: float
     schedule_policy: str
     scheduler_heartbeat_timeout: float
 

@@ -1,5 +1,6 @@
-"""The HTTP API's app: OpenAI's /v1 routes, the native /generate and /abort_request, the
-LoRA routes, /health, /health/live and /server_info (each route in a serving module of its
+"""The HTTP API's app: OpenAI's /v1 routes (completions, chat completions, the Responses
+API with its stored responses), vLLM's /tokenize and /detokenize, the native /generate and
+/abort_request, the LoRA routes, /health, /health/live and /server_info (each route in a serving module of its
 own, over `serving_base`), the middleware in front of them, and the error handlers that
 answer in OpenAI's shape.
 
@@ -18,18 +19,27 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sluice.runtime.constants import HEALTH_PATH, LIVE_PATH, METRICS_PATH, SERVER_INFO_PATH
+from sluice.runtime.constants import (
+    HEALTH_PATH,
+    LIVE_PATH,
+    METRICS_PATH,
+    RESPONSES_PATH,
+    SERVER_INFO_PATH,
+)
 from sluice.runtime.disconnect import ClientGone
 from sluice.runtime.entrypoints import openapi_doc
 from sluice.runtime.entrypoints.api_config import ApiConfig
 from sluice.runtime.entrypoints.errors import ProtocolError, error_body
 from sluice.runtime.entrypoints.http_guards import ApiKeyMiddleware, BodyLimitMiddleware
 from sluice.runtime.entrypoints.lora_api import LoraAdapters
+from sluice.runtime.entrypoints.responses_store import ResponseStore
 from sluice.runtime.entrypoints.serving_admin import ServingAdmin
 from sluice.runtime.entrypoints.serving_base import ServingContext, TokenizerManagerLike
 from sluice.runtime.entrypoints.serving_chat import ServingChat
 from sluice.runtime.entrypoints.serving_completions import ServingCompletions
 from sluice.runtime.entrypoints.serving_generate import ServingGenerate
+from sluice.runtime.entrypoints.serving_responses import ServingResponses
+from sluice.runtime.entrypoints.serving_tokenize import ServingTokenize
 
 logger = logging.getLogger("sluice.http")
 
@@ -52,6 +62,10 @@ def build_app(
     shown = {k: v for k, v in dataclasses.asdict(flags).items() if k != "api_key"}
     ctx = ServingContext(tm, args, LoraAdapters(tm, args), shown)
     admin = ServingAdmin(ctx)
+    responses = ServingResponses(
+        ctx, ResponseStore(args.responses_store_size, args.responses_store_ttl)
+    )
+    tokenize = ServingTokenize(ctx)
     app = FastAPI(
         title="sluice", docs_url=None, redoc_url=None, openapi_url=openapi_doc.OPENAPI_PATH
     )
@@ -61,6 +75,9 @@ def build_app(
         ("/v1/completions", ServingCompletions(ctx).handle),
         ("/v1/chat/completions", ServingChat(ctx).handle),
         ("/generate", ServingGenerate(ctx).handle),
+        (RESPONSES_PATH, responses.create),
+        ("/tokenize", tokenize.tokenize),
+        ("/detokenize", tokenize.detokenize),
         ("/abort_request", admin.abort_request),
         ("/v1/load_lora_adapter", ctx.lora.load),
         ("/v1/unload_lora_adapter", ctx.lora.unload),
@@ -68,6 +85,8 @@ def build_app(
         app.add_api_route(
             path, handler, methods=["POST"], openapi_extra=openapi_doc.request_body(path)
         )
+    app.add_api_route(RESPONSES_PATH + "/{response_id}", responses.retrieve, methods=["GET"])
+    app.add_api_route(RESPONSES_PATH + "/{response_id}", responses.delete, methods=["DELETE"])
     app.add_api_route(HEALTH_PATH, admin.health, methods=["GET"])
     app.add_api_route(LIVE_PATH, admin.live, methods=["GET"])
     app.add_api_route(SERVER_INFO_PATH, admin.server_info, methods=["GET"])

@@ -21,6 +21,8 @@ from sluice.runtime.entrypoints.openai_protocol import (
     CompletionRequest,
     GenerateRequest,
 )
+from sluice.runtime.entrypoints.responses_protocol import ResponsesRequest
+from sluice.runtime.entrypoints.serving_tokenize import DetokenizeRequest, TokenizeRequest
 
 OPENAPI_PATH = "/openapi.json"
 REF = "#/components/schemas/{model}"
@@ -30,6 +32,9 @@ BODY_MODELS: dict[str, type[BaseModel]] = {
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
     "/generate": GenerateRequest,
+    "/v1/responses": ResponsesRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
     "/abort_request": AbortRequest,
     "/v1/load_lora_adapter": LoadLoraAdapterRequest,
     "/v1/unload_lora_adapter": UnloadLoraAdapterRequest,

@@ -1,0 +1,162 @@
+"""The Responses API: POST /v1/responses (whole or streamed as typed events), and the stored
+responses' GET /v1/responses/{id} and DELETE /v1/responses/{id}.
+
+A response is the chat completion of its conversation (`responses_protocol.chat_request`),
+run through the same steps as /v1/chat/completions (`ServingBase.prepare_chat`, `start`),
+and told in the Responses API's items (`responses_output`). `store: true` (the default)
+keeps it in this process's `ResponseStore`; `previous_response_id` continues the stored
+conversation. A client that goes away aborts the generation, streamed or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+
+from sluice.runtime.constants import RESPONSE_ID_HEADER
+from sluice.runtime.disconnect import unless_disconnected
+from sluice.runtime.entrypoints.choice_output import ChoiceOutput
+from sluice.runtime.entrypoints.errors import ProtocolError, as_protocol_error
+from sluice.runtime.entrypoints.reasoning import ReasoningSplitter
+from sluice.runtime.entrypoints.responses_output import ResponseAssembler, new_id
+from sluice.runtime.entrypoints.responses_protocol import (
+    ResponsesRequest,
+    chat_request,
+    conversation_messages,
+)
+from sluice.runtime.entrypoints.responses_store import ResponseStore, StoredResponse
+from sluice.runtime.entrypoints.serving_base import Job, ServingBase, ServingContext, is_failure
+from sluice.runtime.entrypoints.streaming import ChoiceStreams, SSEResponse
+
+
+def response_not_found(rid: str, param: str | None = None) -> ProtocolError:
+    return ProtocolError(
+        f"Response with id '{rid}' not found (never stored here, deleted, or expired: "
+        "responses live in one server's memory, for a bounded time).",
+        status=404, param=param, code="response_not_found",
+    )  # fmt: skip
+
+
+class ServingResponses(ServingBase):
+    def __init__(self, ctx: ServingContext, store: ResponseStore) -> None:
+        super().__init__(ctx)
+        self.store = store
+
+    async def create(self, request: Request) -> Response:
+        req = await self.parse(request, ResponsesRequest)
+        model = self.check_model(req.model)
+        history: list[dict[str, Any]] = []
+        if req.previous_response_id is not None:
+            previous = self.store.get(req.previous_response_id)
+            if previous is None:
+                raise response_not_found(req.previous_response_id, "previous_response_id")
+            history = previous.messages
+        conversation = history + conversation_messages(req.items())
+        chat = chat_request(req, conversation, model, self.args.reasoning_parser)
+        prepared = await self.prepare_chat(chat, format_param="text.format")
+        rid = req.request_id or new_id("resp")
+        stored = req.store and self.store.enabled
+        splitter = ReasoningSplitter() if self.args.reasoning_parser else None
+        output = ChoiceOutput(splitter, prepared.parser.streaming() if prepared.parser else None)
+        assembler = ResponseAssembler(
+            self._echo(req, rid, model, stored), output, req.parallel_tool_calls
+        )
+        streams = await self.start([Job(prepared.ids, prepared.params, rid)])
+        headers = {RESPONSE_ID_HEADER: rid} if stored else None
+
+        def keep(body: dict[str, Any]) -> None:
+            if stored:
+                self.store.put(rid, StoredResponse(body, conversation + assembler.messages()))
+
+        if req.stream:
+            return SSEResponse(self._events(streams, assembler, keep), headers=headers)
+
+        async def run() -> dict[str, Any]:
+            try:
+                async for _, chunk in streams:
+                    if is_failure(chunk.finished, True):
+                        raise self.failure(chunk)
+                    assembler.on_chunk(chunk)
+            except Exception as exc:
+                raise as_protocol_error(exc) from exc
+            finally:
+                await streams.aclose()
+            last = assembler.last
+            if last is None or last.finished is None:  # ended without a finish: lost
+                raise self.failure(last)
+            return assembler.final()
+
+        body = await unless_disconnected(request, run())
+        keep(body)
+        return JSONResponse(body, headers=headers)
+
+    async def _events(
+        self,
+        streams: ChoiceStreams,
+        assembler: ResponseAssembler,
+        keep: Callable[[dict[str, Any]], None],
+    ) -> AsyncIterator[str]:
+        """The typed event stream; a failure ends it with response.failed."""
+        try:
+            for event in assembler.start():
+                yield event
+            finished = False
+            async for _, chunk in streams:
+                if is_failure(chunk.finished, True):
+                    yield assembler.failed(self.failure(chunk))
+                    return
+                for event in assembler.on_chunk(chunk):
+                    yield event
+                finished = chunk.finished is not None
+            if not finished:
+                yield assembler.failed(self.failure(assembler.last))
+                return
+            end = assembler.end()
+            keep(assembler.final())
+            yield end
+        except Exception as exc:
+            yield assembler.failed(as_protocol_error(exc))
+        finally:
+            await streams.aclose()
+
+    @staticmethod
+    def _echo(req: ResponsesRequest, rid: str, model: str, stored: bool) -> dict[str, Any]:
+        """The response object's fields that echo the request, as OpenAI's does."""
+        fmt = req.text.format if req.text is not None and req.text.format is not None else None
+        choice = req.tool_choice
+        return {
+            "id": rid,
+            "model": model,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "metadata": dict(req.metadata or {}),
+            "parallel_tool_calls": req.parallel_tool_calls,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
+                          "summary": None},  # fmt: skip
+            "store": stored,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)
+                     if fmt is not None else {"type": "text"}},  # fmt: skip
+            "tool_choice": choice.model_dump() if choice is not None and not isinstance(choice, str)
+            else (choice or ("auto" if req.tools else "none")),
+            "tools": [t.model_dump(exclude_none=True) for t in req.function_tools()],
+            "top_p": 1.0 if req.top_p is None else req.top_p,
+            "truncation": "disabled",
+            "background": False,
+            "service_tier": "default",
+        }
+
+    async def retrieve(self, response_id: str) -> Response:
+        stored = self.store.get(response_id)
+        if stored is None:
+            raise response_not_found(response_id)
+        return JSONResponse(stored.body)
+
+    async def delete(self, response_id: str) -> Response:
+        if not self.store.delete(response_id):
+            raise response_not_found(response_id)
+        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
