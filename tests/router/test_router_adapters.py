@@ -21,6 +21,7 @@ from sluice.runtime.router.policies import (
     REASON_ADAPTER_AFFINITY,
     REASON_ADAPTER_FALLBACK,
     REASON_LEAST_LOAD,
+    REASON_RESPONSE_AFFINITY,
     CacheAware,
     CacheAwareConfig,
     LeastLoad,
@@ -253,7 +254,7 @@ def test_through_the_router_adapter_requests_follow_the_workers_models():
     assert decisions(metrics) == {
         "round_robin": 3.0, "random": 0.0, "least_load": 0.0, "prefix_match": 0.0,
         "no_match": 0.0, "imbalance": 0.0, REASON_ADAPTER_AFFINITY: 7.0,
-        REASON_ADAPTER_FALLBACK: 1.0,
+        REASON_ADAPTER_FALLBACK: 1.0, REASON_RESPONSE_AFFINITY: 0.0,
     }  # fmt: skip
     assert (
         fake.received[0][1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sluice.runtime.router.keys import routing_key
+from sluice.runtime.router.keys import request_route, routing_key
 
 
 def body(obj) -> bytes:
@@ -37,3 +37,38 @@ def test_an_unreadable_body_routes_with_an_empty_key():
     assert routing_key("/v1/completions", b"{not json") == ""
     assert routing_key("/v1/completions", body([1, 2])) == ""
     assert routing_key("/v1/chat/completions", body({"messages": "no"})) == ""
+
+
+def test_a_responses_turn_extends_the_key_of_the_turn_before():
+    turn1 = [{"role": "user", "content": "Hi"}]
+    turn2 = [
+        *turn1,
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Hello!"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"role": "user", "content": [{"type": "input_text", "text": "More"},
+                                     {"type": "input_image", "image_url": "http://img"}]},
+    ]  # fmt: skip
+    k1 = routing_key("/v1/responses", body({"instructions": "Be brief.", "input": turn1}))
+    k2 = routing_key("/v1/responses", body({"instructions": "Be brief.", "input": turn2}))
+    assert k1 == "<system>Be brief.<user>Hi"
+    assert k2 == k1 + "<assistant>Hello!<user>More"  # the tool call and the image carry no key
+
+
+def test_a_responses_string_input_keys_like_the_same_chat():
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert routing_key("/v1/responses", body({"instructions": "Be brief.", "input": "Hi"})) == (
+        routing_key("/v1/chat/completions", body({"messages": chat}))
+    )
+    assert routing_key("/v1/responses", body({"input": "Hi"})) == "<user>Hi"
+    assert routing_key("/v1/responses", body({"input": 3})) == ""
+
+
+def test_previous_response_id_is_read_from_responses_bodies_only():
+    def previous(path: str, obj) -> str | None:
+        return request_route(path, body(obj)).previous_response_id
+
+    assert previous("/v1/responses", {"input": "x", "previous_response_id": "resp_1"}) == "resp_1"
+    assert previous("/v1/responses", {"input": "x", "previous_response_id": ""}) is None
+    assert previous("/v1/responses", {"input": "x", "previous_response_id": 7}) is None
+    assert previous("/v1/chat/completions", {"previous_response_id": "resp_1"}) is None

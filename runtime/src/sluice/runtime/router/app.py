@@ -1,9 +1,15 @@
 """The router's HTTP front: OpenAI's routes and /generate forwarded to a worker, and the
 router's own /health, /liveness, /metrics and /workers.
 
-- `POST /v1/completions`, `/v1/chat/completions`, `/generate`: routed by the policy (with
-  adapter affinity for a request naming a LoRA adapter, see `policies.py`).
-- `GET /v1/models`: forwarded to the least-loaded healthy worker (not a routing decision).
+- `POST /v1/completions`, `/v1/chat/completions`, `/generate`, `/v1/responses`: routed by
+  the policy (with adapter affinity for a request naming a LoRA adapter, see `policies.py`;
+  a `/v1/responses` request with a `previous_response_id` goes to the worker holding that
+  response, see `responses.py`).
+- `GET`, `DELETE /v1/responses/{id}`: to the worker holding the response (response
+  affinity, a routing decision); when none does, to the least-loaded healthy worker, which
+  answers its 404.
+- `GET /v1/models`, `POST /tokenize`, `/detokenize`: forwarded to the least-loaded healthy
+  worker (not a routing decision).
 - `GET /health`: 200 while at least one worker is healthy, else 503 (readiness).
 - `GET /liveness`: 200 while the process serves (a router with no worker is still alive).
 - `GET /metrics`: the router's Prometheus metrics (see `metrics.py`).
@@ -27,8 +33,10 @@ from starlette.routing import Route
 from sluice.runtime.constants import (
     HEALTH_PATH,
     METRICS_PATH,
+    RESPONSES_PATH,
     ROUTER_LIVENESS_PATH,
     ROUTER_WORKERS_PATH,
+    TOKENIZE_PATHS,
 )
 from sluice.runtime.disconnect import ClientGone, unless_disconnected
 from sluice.runtime.router.keys import RequestRoute, request_route
@@ -39,30 +47,45 @@ from sluice.runtime.router.proxy import (
     Outgoing,
     PassthroughResponse,
     RouterError,
+    Upstream,
     forwarded_headers,
 )
+from sluice.runtime.router.responses import ResponseAffinity
 from sluice.runtime.router.workers import WorkerPool
 
 logger = logging.getLogger("sluice.router")
 T = TypeVar("T")
-ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
+ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate", RESPONSES_PATH)
+ANY_WORKER_PATHS = (("/v1/models", "GET"), *((p, "POST") for p in TOKENIZE_PATHS))
 
 
 class RouterApp:
     def __init__(
-        self, pool: WorkerPool, policy: Policy, forwarder: Forwarder, metrics: RouterMetrics
+        self,
+        pool: WorkerPool,
+        policy: Policy,
+        forwarder: Forwarder,
+        metrics: RouterMetrics,
+        affinity: ResponseAffinity | None = None,
     ) -> None:
         self.pool = pool
         self.policy = policy
         self.forwarder = forwarder
         self.metrics = metrics
-        self._models_policy = LeastLoad()
+        self.affinity = affinity if affinity is not None else ResponseAffinity()
+        self._any_policy = LeastLoad()
 
-    async def forward(self, request: Request, policy: Policy, routed: bool) -> Response:
+    async def forward(
+        self, request: Request, policy: Policy, routed: bool, response_id: str | None = None
+    ) -> Response:
+        """`routed`: read the body for the routing key (else least-load's choice, uncounted).
+        `response_id`: the stored response the request names (GET/DELETE's path); a routed
+        /v1/responses body's `previous_response_id` counts as one too."""
         body = await request.body()
         received_at = time.perf_counter()
         path = request.url.path
         route = request_route(path, body) if routed else RequestRoute()
+        response_id = response_id or route.previous_response_id
         adapters = self.pool.adapters_wanted(route.model, route.adapters)
         query = request.url.query
         outgoing = Outgoing(
@@ -71,11 +94,21 @@ class RouterApp:
             headers=forwarded_headers(request.headers.raw),
             body=body,
         )
-        try:
-            upstream = await unless_disconnected(
-                request,
-                self.forwarder.open(outgoing, policy, route.key, routed, received_at, adapters),
+
+        async def open_upstream() -> Upstream:
+            pin = None
+            if response_id is not None:
+                auth = request.headers.get("authorization")
+                holder = await self.affinity.holder(
+                    response_id, self.pool, self.forwarder.client, auth
+                )
+                pin = holder.url if holder is not None else None
+            return await self.forwarder.open(
+                outgoing, policy, route.key, routed, received_at, adapters, pin
             )
+
+        try:
+            upstream = await unless_disconnected(request, open_upstream())
         except ClientGone:
             logger.info("request aborted path=%s reason=client-gone-before-response", path)
             return Response(status_code=499)
@@ -83,13 +116,19 @@ class RouterApp:
             self.metrics.failed.labels(err.reason).inc()
             logger.warning("request failed path=%s status=%d why=%s", path, err.status, err)
             return JSONResponse(err.body(), err.status)
+        if path == RESPONSES_PATH or response_id is not None:
+            self.affinity.learn(request.method, response_id, upstream.worker, upstream.response)
         return PassthroughResponse(upstream, self.metrics, self.pool)  # type: ignore[return-value]
 
     async def routed(self, request: Request) -> Response:
         return await self.forward(request, self.policy, routed=True)
 
-    async def models(self, request: Request) -> Response:
-        return await self.forward(request, self._models_policy, routed=False)
+    async def stored_response(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        return await self.forward(request, self._any_policy, routed=False, response_id=response_id)
+
+    async def any_worker(self, request: Request) -> Response:
+        return await self.forward(request, self._any_policy, routed=False)
 
     async def health(self, request: Request) -> Response:
         healthy = len(self.pool.healthy())
@@ -138,8 +177,9 @@ async def _method_not_allowed(request: Request, exc: Exception) -> Response:
 
 def build_router_app(router: RouterApp, lifespan: Any = None) -> Starlette:
     routes = [Route(p, router.routed, methods=["POST"]) for p in ROUTED_PATHS]
+    routes += [Route(p, router.any_worker, methods=[method]) for p, method in ANY_WORKER_PATHS]
     routes += [
-        Route("/v1/models", router.models, methods=["GET"]),
+        Route(RESPONSES_PATH + "/{response_id}", router.stored_response, methods=["GET", "DELETE"]),
         Route(HEALTH_PATH, router.health, methods=["GET"]),
         Route(ROUTER_LIVENESS_PATH, router.liveness, methods=["GET"]),
         Route(METRICS_PATH, router.metrics_route, methods=["GET"]),

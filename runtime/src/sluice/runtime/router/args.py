@@ -61,6 +61,16 @@ class RouterArgs:
     request_timeout: float = option(
         0.0, "Seconds a worker may take to send its response headers (0: no limit)."
     )
+    response_affinity_size: int = option(
+        100_000,
+        "Responses API: stored-response ids whose worker the router remembers (least "
+        "recently used forgotten beyond it; an id not remembered is asked of the workers).",
+    )
+    response_probe_timeout: float = option(
+        1.0,
+        "Responses API: seconds the router waits for the workers' answers when it asks "
+        "which one holds a response it does not remember.",
+    )
     discover_selector: str = option(
         "",
         "Kubernetes: label selector (k=v[,k=v]) of the EndpointSlices of the runtime pods, "
@@ -110,6 +120,10 @@ class RouterArgs:
             problems.append("need 0 < --retry-backoff-initial <= --retry-backoff-max")
         if self.connect_timeout <= 0 or self.request_timeout < 0:
             problems.append("--connect-timeout must be > 0 and --request-timeout >= 0")
+        if self.response_affinity_size < 1 or self.response_probe_timeout <= 0:
+            problems.append(
+                "--response-affinity-size must be >= 1 and --response-probe-timeout > 0"
+            )
         if self.discover_selector:
             for term in self.discover_selector.split(","):
                 key, eq, value = term.partition("=")

@@ -1,7 +1,8 @@
 """The router's Prometheus metrics (names in `sluice.runtime.constants`).
 
 - `sluice_router_requests_total{worker}`: requests sent to each worker (a retried request
-  counts once per worker it was sent to).
+  counts once per worker it was sent to; the probes asking which worker holds a stored
+  response, `responses.py`, do not count).
 - `sluice_router_routing_decisions_total{policy,reason}`: one per routed request; reasons
   in `policies.REASONS`.
 - `sluice_router_prefix_match_characters`: histogram of the prefix (characters, or token

@@ -19,6 +19,10 @@ goes, among the workers that list them all in their /v1/models, where the policy
 (reason `adapter_affinity`); when none lists them, to the least-loaded worker (reason
 `adapter_fallback`), which serves it if it has the adapter by then or answers its own 404.
 
+Response affinity (any policy; `pinned`): a request that names a stored response (see
+`responses.py`) goes to the worker holding it while that worker is a candidate (reason
+`response_affinity`), before adapter affinity or the policy: the response is nowhere else.
+
 Ties between equally loaded workers are broken in turn (a rotating start), so that
 sequential requests spread over idle workers instead of all landing on the first.
 """
@@ -41,9 +45,11 @@ REASON_NO_MATCH = "no_match"
 REASON_IMBALANCE = "imbalance"
 REASON_ADAPTER_AFFINITY = "adapter_affinity"
 REASON_ADAPTER_FALLBACK = "adapter_fallback"
+REASON_RESPONSE_AFFINITY = "response_affinity"
 REASONS = (
     REASON_ROUND_ROBIN, REASON_RANDOM, REASON_LEAST_LOAD, REASON_PREFIX_MATCH,
     REASON_NO_MATCH, REASON_IMBALANCE, REASON_ADAPTER_AFFINITY, REASON_ADAPTER_FALLBACK,
+    REASON_RESPONSE_AFFINITY,
 )  # fmt: skip
 
 
@@ -172,6 +178,14 @@ def choose_for_adapters(
         chosen = policy.choose(holders, key)
         return Decision(chosen.worker, REASON_ADAPTER_AFFINITY, chosen.match_len)
     return Decision(fallback.choose(workers, key).worker, REASON_ADAPTER_FALLBACK)
+
+
+def pinned(workers: Sequence[Worker], url: str | None) -> Decision | None:
+    """The worker at `url` if it is among `workers` (response affinity), else None."""
+    if url is None:
+        return None
+    worker = next((w for w in workers if w.url == url), None)
+    return None if worker is None else Decision(worker, REASON_RESPONSE_AFFINITY)
 
 
 def make_policy(name: str, config: CacheAwareConfig) -> Policy:

@@ -1,7 +1,8 @@
 """Forwarding one request to a worker and its response back, unchanged.
 
-`Forwarder.open` chooses a worker, sends the request, and waits for the response headers
-and the first chunk of the body. Anything that fails before that first chunk (a refused or
+`Forwarder.open` chooses a worker (the one a request is pinned to, see `responses.py`, else
+by the policy), sends the request, and waits for the response headers and the first chunk
+of the body. Anything that fails before that first chunk (a refused or
 reset connection, a 503 from a starting or draining worker, a worker that dies while a
 non-streamed response is being computed) takes the worker out and the request is sent once
 more to another worker. After the first chunk the response is committed to that worker.
@@ -29,7 +30,14 @@ import httpx
 
 from sluice.runtime.constants import ROUTER_WORKER_HEADER
 from sluice.runtime.router.metrics import RouterMetrics
-from sluice.runtime.router.policies import Decision, LeastLoad, Policy, choose_for_adapters
+from sluice.runtime.router.policies import (
+    REASON_RESPONSE_AFFINITY,
+    Decision,
+    LeastLoad,
+    Policy,
+    choose_for_adapters,
+    pinned,
+)
 from sluice.runtime.router.prefix_tree import Key
 from sluice.runtime.router.workers import Worker, WorkerPool
 
@@ -127,10 +135,15 @@ class Forwarder:
         count: bool = True,
         received_at: float | None = None,
         adapters: frozenset[str] = frozenset(),
+        pin: str | None = None,
     ) -> Upstream:
-        """`count`: record the routing decision (generation routes) or not (/v1/models).
+        """`count`: record the routing decision (generation routes) or not (/v1/models);
+        a response-affinity decision is always recorded.
         `received_at`: `time.perf_counter()` when the router had the request's body.
-        `adapters`: the LoRA adapters the request needs (adapter affinity, `policies.py`)."""
+        `adapters`: the LoRA adapters the request needs (adapter affinity, `policies.py`).
+        `pin`: the URL of the worker holding the stored response the request names; it
+        gets the request while it is a candidate (a retry goes by the policy: the worker
+        it reaches answers 404 for a response it does not hold)."""
         received_at = time.perf_counter() if received_at is None else received_at
         tried: set[str] = set()
         last_error = ""
@@ -138,10 +151,10 @@ class Forwarder:
             candidates = [w for w in self.pool.healthy() if w.url not in tried]
             if not candidates:
                 break
-            decision: Decision = choose_for_adapters(
+            decision: Decision = pinned(candidates, pin) or choose_for_adapters(
                 policy, self._adapter_fallback, candidates, key, adapters
             )
-            if count:
+            if count or decision.reason == REASON_RESPONSE_AFFINITY:
                 self.metrics.on_decision(decision)
             if attempt:
                 self.metrics.retries.inc()

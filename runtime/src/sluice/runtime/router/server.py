@@ -19,6 +19,7 @@ from sluice.runtime.router.health import HealthConfig, HealthMonitor
 from sluice.runtime.router.metrics import RouterMetrics
 from sluice.runtime.router.policies import CacheAwareConfig, make_policy
 from sluice.runtime.router.proxy import Forwarder
+from sluice.runtime.router.responses import ResponseAffinity
 from sluice.runtime.router.workers import BackoffPolicy, WorkerPool
 
 logger = logging.getLogger("sluice.router")
@@ -88,7 +89,8 @@ class Router:
 
         # the client is made inside the server's loop; the forwarder gets it at start-up
         forwarder = Forwarder(pool, None, metrics, args.request_timeout)  # type: ignore[arg-type]
-        router = RouterApp(pool, policy, forwarder, metrics)
+        affinity = ResponseAffinity(args.response_affinity_size, args.response_probe_timeout)
+        router = RouterApp(pool, policy, forwarder, metrics, affinity)
         return cls(args, pool, build_router_app(router, lifespan=lifespan))
 
 
