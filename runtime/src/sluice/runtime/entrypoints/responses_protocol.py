@@ -45,6 +45,8 @@ MAX_METADATA_KEYS = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 THINKING_OFF_EFFORTS = ("none", "minimal")
+# answered without it: reasoning is returned as text, nothing is encrypted
+INCLUDABLE = ("reasoning.encrypted_content",)
 
 RESPONSES_REFUSED: dict[str, Refused] = {
     **COMMON_REFUSED,
@@ -178,13 +180,13 @@ class TextFormat(StrictObject):
 
 class TextConfig(StrictObject):
     format: TextFormat | None = None
-    verbosity: Literal["medium"] | None = None  # the only one served: no verbosity control
+    verbosity: str | None = None  # only "medium" is served (checked by the request)
 
 
 class ReasoningConfig(StrictObject):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    summary: None = None  # no summarizer: a summary is refused
-    generate_summary: None = None
+    summary: str | None = None  # no summarizer: a summary is refused (checked by the request)
+    generate_summary: str | None = None
 
 
 class ResponsesRequest(RequestBody):
@@ -205,8 +207,8 @@ class ResponsesRequest(RequestBody):
     previous_response_id: str | None = Field(None, min_length=1)
     stream: Bool = False
     stream_options: StreamOptions | None = None
-    truncation: Literal["disabled"] | None = None  # "auto" is refused
-    include: list[Literal["reasoning.encrypted_content"]] | None = None
+    truncation: str | None = None  # "auto" is refused
+    include: list[str] | None = None
     service_tier: Literal["auto", "default"] | None = None
     # vLLM's extras
     top_k: Int | None = Field(None, ge=-1)
@@ -238,6 +240,25 @@ class ResponsesRequest(RequestBody):
                                 param="stream_options")  # fmt: skip
         self.function_tools()
         self.items()
+        self._refuse_options()
+
+    def _refuse_options(self) -> None:
+        """The options of nested objects that are refused, each with its reason."""
+        refused: list[tuple[str, bool, str]] = [
+            ("truncation", self.truncation not in (None, "disabled"),
+             "truncation auto is not built: a conversation longer than the context is refused"),
+            ("include", any(i not in INCLUDABLE for i in self.include or []),
+             f"only {', '.join(INCLUDABLE)} is accepted (logprobs and built-in tool outputs "
+             "are not built)"),
+            ("reasoning.summary", self.reasoning is not None and (
+                self.reasoning.summary is not None or self.reasoning.generate_summary is not None),
+             "reasoning summaries are not built (the reasoning item carries the thinking as text)"),
+            ("text.verbosity", self.text is not None and self.text.verbosity not in (None, "medium"),
+             "only medium: there is no verbosity control"),
+        ]  # fmt: skip
+        for param, bad, why in refused:
+            if bad:
+                raise ProtocolError(f"{param}: {why}", param=param, code="unsupported_parameter")
 
     def items(self) -> list[InputItem]:
         if isinstance(self.input, str):
