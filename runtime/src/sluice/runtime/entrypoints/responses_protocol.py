@@ -6,7 +6,8 @@ Served: `input` (a string, or items: `message` with text parts, `function_call`,
 `function_call_output`, `reasoning` — accepted and dropped, as chat templates drop earlier
 turns' thinking), `instructions` (a system message in front, for this response only, as in
 OpenAI), `max_output_tokens`, `temperature`, `top_p`, function `tools`, `tool_choice`,
-`parallel_tool_calls`, `text.format` (text, json_object, json_schema with `strict`),
+`parallel_tool_calls`, `text.format` (text, json_object, json_schema with `strict`; a
+turn whose tool_choice forces a call is the call, constrained by the tool's schema),
 `reasoning.effort` (with --reasoning-parser; `none`/`minimal` turn thinking off through the
 chat template's `enable_thinking`), `metadata`, `user`, `store`, `previous_response_id`,
 `stream`; vLLM's extras `top_k`, `min_p`, `repetition_penalty`, `seed`, `ignore_eos`.
@@ -282,6 +283,10 @@ class ResponsesRequest(RequestBody):
         return tools
 
     @property
+    def forces_call(self) -> bool:
+        return self.tool_choice == "required" or isinstance(self.tool_choice, FunctionChoice)
+
+    @property
     def thinking_off(self) -> bool:
         return self.reasoning is not None and self.reasoning.effort in THINKING_OFF_EFFORTS
 
@@ -346,7 +351,9 @@ def chat_request(
         "tool_choice": NamedToolChoice(function=FunctionName(name=choice.name))
         if isinstance(choice, FunctionChoice) else choice,
         "parallel_tool_calls": req.parallel_tool_calls,
-        "response_format": req.response_format(),
+        # a forced call's output is the call, whose grammar the tool's schema makes: the
+        # text format governs text, and there is none this turn (OpenAI allows both)
+        "response_format": None if req.forces_call else req.response_format(),
         "top_k": req.top_k,
         "min_p": req.min_p,
         "repetition_penalty": req.repetition_penalty,
