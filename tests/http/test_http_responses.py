@@ -105,6 +105,29 @@ def test_a_stored_response_is_retrieved_continued_and_deleted(tokenizer):
         client.responses.delete(r.id)
 
 
+def test_input_items_list_the_responses_own_input_a_page_at_a_time(tokenizer):
+    client, _, _ = make(tokenizer)
+    first = client.responses.create(model=MODEL, input="Hi")
+    given = [
+        {"role": "user", "content": "one"},
+        {"type": "message", "role": "user", "id": "msg_mine",
+         "content": [{"type": "input_text", "text": "two"}]},
+        {"role": "user", "content": "three"},
+    ]  # fmt: skip
+    r = client.responses.create(model=MODEL, input=given, previous_response_id=first.id)
+    page = client.responses.input_items.list(r.id)
+    texts = [i.content[0].text for i in page.data]
+    assert texts == ["three", "two", "one"]  # newest first, and only this response's own
+    assert page.data[1].id == "msg_mine" and all(i.id.startswith("msg_") for i in page.data)
+    asc = client.responses.input_items.list(r.id, order="asc", limit=2)
+    assert [i.content[0].text for i in asc.data] == ["one", "two"] and asc.has_more
+    rest = client.responses.input_items.list(r.id, order="asc", after=asc.data[-1].id)
+    assert [i.content[0].text for i in rest.data] == ["three"] and not rest.has_more
+    assert [i.content[0].text for i in client.responses.input_items.list(first.id).data] == ["Hi"]
+    with pytest.raises(openai.BadRequestError):
+        client.responses.input_items.list(r.id, limit=101)
+
+
 def test_store_false_keeps_nothing(tokenizer):
     client, _, http = make(tokenizer)
     r = client.responses.create(model=MODEL, input="Hi", store=False)

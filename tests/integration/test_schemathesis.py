@@ -1,7 +1,7 @@
 """Hostile input generated from the server's own OpenAPI document: schemathesis draws
-request bodies for `/v1/completions`, `/v1/chat/completions` and `/generate` from the
-schemas `/openapi.json` declares (valid ones and ones that break them), sends them to a
-real server, and the server answers none of them with a 5xx, stays up, and ends with its
+request bodies for the generation routes (completions, chat, /generate, responses),
+/tokenize and /detokenize from the schemas `/openapi.json` declares (valid ones and ones
+that break them), sends them to a real server, and the server answers none of them with a 5xx, stays up, and ends with its
 KV pool all free.
 
 The oracle is the HTTP contract itself: any 5xx is a server fault (a 503 would only be
@@ -24,7 +24,8 @@ from sluice.runtime import constants as C
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate")
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate", "/v1/responses", "/tokenize",
+          "/detokenize")
 CASES_PER_ROUTE = 30  # per route and mode
 
 

@@ -127,6 +127,8 @@ def test_a_conversation_continues_on_the_worker_that_stored_it(client, hf, route
         previous = r.id
     got = client.responses.with_raw_response.retrieve(previous)
     assert got.headers[C.ROUTER_WORKER_HEADER] == holder and got.parse().id == previous
+    items = client.responses.input_items.list(previous)
+    assert [i.content[0].text for i in items.data] == ["And then?"]
     # a second router knows nothing yet: it asks the workers which one holds the response
     with fleet.router("round-robin", workers) as fresh:
         other = openai.OpenAI(base_url=f"{fresh}/v1", api_key="x", max_retries=0, timeout=120)

@@ -87,6 +87,9 @@ def build_app(
         )
     app.add_api_route(RESPONSES_PATH + "/{response_id}", responses.retrieve, methods=["GET"])
     app.add_api_route(RESPONSES_PATH + "/{response_id}", responses.delete, methods=["DELETE"])
+    app.add_api_route(
+        RESPONSES_PATH + "/{response_id}/input_items", responses.input_items, methods=["GET"]
+    )
     app.add_api_route(HEALTH_PATH, admin.health, methods=["GET"])
     app.add_api_route(LIVE_PATH, admin.live, methods=["GET"])
     app.add_api_route(SERVER_INFO_PATH, admin.server_info, methods=["GET"])

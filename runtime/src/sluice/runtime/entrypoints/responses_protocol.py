@@ -25,6 +25,7 @@ output items replayed by a client SDK, which adds fields of newer API versions.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -301,6 +302,28 @@ class ResponsesRequest(RequestBody):
                                       schema=fmt.schema_, strict=fmt.strict)  # fmt: skip
             return ResponseFormat(type="json_schema", json_schema=schema)
         return ResponseFormat(type=fmt.type)
+
+
+ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+                    "reasoning": "rs"}  # fmt: skip
+
+
+def input_item_records(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input items as GET /v1/responses/{id}/input_items lists them: each with
+    an id (kept if the client gave one), a message's string content as one text part."""
+    raw_items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+    records = []
+    for raw, item in zip(raw_items, req.items(), strict=True):
+        record = {k: v for k, v in raw.items() if v is not None}
+        record["type"] = item.type
+        record.setdefault("id", f"{ITEM_ID_PREFIXES[item.type]}_{uuid.uuid4().hex}")
+        if isinstance(item, MessageItem):
+            record.setdefault("status", "completed")
+            if isinstance(item.content, str):
+                kind = "output_text" if item.role == "assistant" else "input_text"
+                record["content"] = [{"type": kind, "text": item.content}]
+        records.append(record)
+    return records
 
 
 def conversation_messages(items: list[InputItem]) -> list[dict[str, Any]]:

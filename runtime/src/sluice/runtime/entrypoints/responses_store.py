@@ -12,6 +12,7 @@ responses then say `store: false`.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from typing import Any
 class StoredResponse:
     body: dict[str, Any]  # the response object
     messages: list[dict[str, Any]]  # the conversation through its output, as chat messages
+    input_items: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # its own input
 
 
 class ResponseStore:

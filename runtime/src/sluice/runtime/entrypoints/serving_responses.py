@@ -1,5 +1,6 @@
 """The Responses API: POST /v1/responses (whole or streamed as typed events), and the stored
-responses' GET /v1/responses/{id} and DELETE /v1/responses/{id}.
+responses' GET /v1/responses/{id}, GET /v1/responses/{id}/input_items and DELETE
+/v1/responses/{id}.
 
 A response is the chat completion of its conversation (`responses_protocol.chat_request`),
 run through the same steps as /v1/chat/completions (`ServingBase.prepare_chat`, `start`),
@@ -11,9 +12,9 @@ conversation. A client that goes away aborts the generation, streamed or not.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import Request, Response
+from fastapi import Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from sluice.runtime.constants import RESPONSE_ID_HEADER
@@ -26,6 +27,7 @@ from sluice.runtime.entrypoints.responses_protocol import (
     ResponsesRequest,
     chat_request,
     conversation_messages,
+    input_item_records,
 )
 from sluice.runtime.entrypoints.responses_store import ResponseStore, StoredResponse
 from sluice.runtime.entrypoints.serving_base import Job, ServingBase, ServingContext, is_failure
@@ -69,7 +71,8 @@ class ServingResponses(ServingBase):
 
         def keep(body: dict[str, Any]) -> None:
             if stored:
-                self.store.put(rid, StoredResponse(body, conversation + assembler.messages()))
+                messages = conversation + assembler.messages()
+                self.store.put(rid, StoredResponse(body, messages, input_item_records(req)))
 
         if req.stream:
             return SSEResponse(self._events(streams, assembler, keep), headers=headers)
@@ -155,6 +158,31 @@ class ServingResponses(ServingBase):
         if stored is None:
             raise response_not_found(response_id)
         return JSONResponse(stored.body)
+
+    async def input_items(
+        self,
+        response_id: str,
+        limit: int = Query(20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "desc",
+        after: str | None = None,
+    ) -> Response:
+        """The stored response's own input items (not those of the responses before it),
+        a page at a time as OpenAI pages them: `order` desc (newest first) by default,
+        `after` an item id of the page before."""
+        stored = self.store.get(response_id)
+        if stored is None:
+            raise response_not_found(response_id)
+        items = stored.input_items if order == "asc" else stored.input_items[::-1]
+        if after is not None:
+            ids = [i["id"] for i in items]
+            if after not in ids:
+                raise ProtocolError(f"after: no input item {after!r} in this response", param="after")
+            items = items[ids.index(after) + 1 :]
+        page = items[:limit]
+        return JSONResponse({
+            "object": "list", "data": page, "has_more": len(items) > limit,
+            "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None,
+        })  # fmt: skip
 
     async def delete(self, response_id: str) -> Response:
         if not self.store.delete(response_id):

@@ -5,9 +5,9 @@ router's own /health, /liveness, /metrics and /workers.
   the policy (with adapter affinity for a request naming a LoRA adapter, see `policies.py`;
   a `/v1/responses` request with a `previous_response_id` goes to the worker holding that
   response, see `responses.py`).
-- `GET`, `DELETE /v1/responses/{id}`: to the worker holding the response (response
-  affinity, a routing decision); when none does, to the least-loaded healthy worker, which
-  answers its 404.
+- `GET`, `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`: to the worker
+  holding the response (response affinity, a routing decision); when none does, to the
+  least-loaded healthy worker, which answers its 404.
 - `GET /v1/models`, `POST /tokenize`, `/detokenize`: forwarded to the least-loaded healthy
   worker (not a routing decision).
 - `GET /health`: 200 while at least one worker is healthy, else 503 (readiness).
@@ -180,6 +180,7 @@ def build_router_app(router: RouterApp, lifespan: Any = None) -> Starlette:
     routes += [Route(p, router.any_worker, methods=[method]) for p, method in ANY_WORKER_PATHS]
     routes += [
         Route(RESPONSES_PATH + "/{response_id}", router.stored_response, methods=["GET", "DELETE"]),
+        Route(RESPONSES_PATH + "/{response_id}/input_items", router.stored_response, methods=["GET"]),
         Route(HEALTH_PATH, router.health, methods=["GET"]),
         Route(ROUTER_LIVENESS_PATH, router.liveness, methods=["GET"]),
         Route(METRICS_PATH, router.metrics_route, methods=["GET"]),
