@@ -153,7 +153,8 @@ DOCUMENTED_ORDER = [
 
 def test_a_stream_sends_the_typed_events_in_order_and_ends_with_the_stored_response(tokenizer):
     client, _, _ = make(tokenizer)
-    events = list(client.responses.create(model=MODEL, input="Hi", stream=True))
+    events = list(client.responses.create(model=MODEL, input="Hi", stream=True,
+                                          stream_options={"include_obfuscation": False}))
     assert [e.type for e in events] == DOCUMENTED_ORDER
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == TEXT
@@ -298,6 +299,7 @@ def test_reasoning_is_its_own_item_with_a_reasoning_parser(tokenizer):
      "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "s"}}}, "text.format"),
     ({"input": "x", "conversation": "conv_1"}, "conversation"),
+    ({"input": "x", "stream": True, "stream_options": {"include_usage": True}}, "stream_options"),
 ])  # fmt: skip
 def test_what_is_not_built_is_a_400_naming_the_field(tokenizer, body, param):
     _, _, http = make(tokenizer)

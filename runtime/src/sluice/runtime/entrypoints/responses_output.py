@@ -151,10 +151,11 @@ class ResponseAssembler:
             events += self._close()
         return events
 
-    def end(self) -> str:
+    def end(self) -> tuple[str, dict[str, Any]]:
+        """The last event, and the finished response it carries (what is stored)."""
         body = self.final()
         kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
-        return self._event(kind, response=body)
+        return self._event(kind, response=body), body
 
     def failed(self, error: ProtocolError) -> str:
         """The response ends with an error: the items so far, closed, then response.failed."""

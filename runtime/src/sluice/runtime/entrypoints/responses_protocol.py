@@ -37,7 +37,6 @@ from sluice.runtime.entrypoints.openai_protocol import (
     JsonSchemaFormat,
     RequestBody,
     ResponseFormat,
-    StreamOptions,
     StrictObject,
 )
 from sluice.runtime.entrypoints.request_fields import COMMON_REFUSED, Refused
@@ -191,6 +190,10 @@ class ReasoningConfig(StrictObject):
     generate_summary: str | None = None
 
 
+class ResponsesStreamOptions(StrictObject):
+    include_obfuscation: Bool = False  # no effect: no obfuscation padding is added
+
+
 class ResponsesRequest(RequestBody):
     REFUSED: ClassVar[dict[str, Refused]] = RESPONSES_REFUSED
     model: str | None = None
@@ -208,7 +211,7 @@ class ResponsesRequest(RequestBody):
     store: Bool = True
     previous_response_id: str | None = Field(None, min_length=1)
     stream: Bool = False
-    stream_options: StreamOptions | None = None
+    stream_options: ResponsesStreamOptions | None = None
     truncation: str | None = None  # "auto" is refused
     include: list[str] | None = None
     service_tier: Literal["auto", "default"] | None = None

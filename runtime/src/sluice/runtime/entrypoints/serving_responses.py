@@ -117,8 +117,8 @@ class ServingResponses(ServingBase):
             if not finished:
                 yield assembler.failed(self.failure(assembler.last))
                 return
-            end = assembler.end()
-            keep(assembler.final())
+            end, body = assembler.end()
+            keep(body)
             yield end
         except Exception as exc:
             yield assembler.failed(as_protocol_error(exc))
