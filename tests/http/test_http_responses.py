@@ -15,6 +15,7 @@ from http_fakes import MODEL, REPLY, FakeTM, call_asgi
 
 from sluice.runtime.entrypoints.http_server import build_app
 from sluice.runtime.entrypoints.responses_store import ResponseStore, StoredResponse
+from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST
 from sluice.runtime.features import ALL as ALL_FEATURES
 from sluice.runtime.ipc.messages import FinishReason
 from sluice.runtime.server_args import ServerArgs
@@ -98,9 +99,10 @@ def test_a_stored_response_is_retrieved_continued_and_deleted(tokenizer):
     with pytest.raises(openai.NotFoundError) as err:
         client.responses.retrieve(r.id)
     assert err.value.body["code"] == "response_not_found"
-    with pytest.raises(openai.NotFoundError) as err:
+    with pytest.raises(openai.BadRequestError) as err:  # OpenAI's status and code
         client.responses.create(model=MODEL, input="x", previous_response_id=r.id)
     assert err.value.body["param"] == "previous_response_id"
+    assert err.value.body["code"] == "previous_response_not_found"
     with pytest.raises(openai.NotFoundError):
         client.responses.delete(r.id)
 
@@ -243,6 +245,41 @@ def test_auto_tool_calls_are_parsed_with_the_servers_parser(tokenizer):
     assert [o.type for o in r.output] == ["message", "function_call"]
     assert r.output[0].content[0].text == "Let me look."
     assert json.loads(r.output[1].arguments) == {"city": "Oslo"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chunk_that_ends_a_call_and_starts_text_keeps_the_whole_arguments(tokenizer, stream):
+    reply = ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"',
+             '}}\n</tool_call>\nDone.']  # fmt: skip
+    client, _, _ = make(tokenizer, reply=reply, tool_call_parser="hermes")
+    kwargs = dict(model=MODEL, input="Weather?", tools=[WEATHER])
+    if stream:
+        events = list(client.responses.create(stream=True, **kwargs))
+        r = events[-1].response
+        deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+        assert json.loads(deltas) == {"city": "Oslo"}
+    else:
+        r = client.responses.create(**kwargs)
+    assert [o.type for o in r.output] == ["function_call", "message"]
+    assert json.loads(r.output[0].arguments) == {"city": "Oslo"} and r.output_text == "Done."
+
+
+def test_a_response_aborted_by_abort_request_is_cancelled_and_not_stored(tokenizer):
+    client, tm, http = make(tokenizer)
+    tm.finish = FinishReason("abort", message=ABORTED_BY_REQUEST)
+    r = client.responses.create(model=MODEL, input="Hi")
+    assert r.status == "cancelled"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    events = list(client.responses.create(model=MODEL, input="Hi", stream=True))
+    assert events[-1].type == "response.failed" and events[-1].response.status == "cancelled"
+
+
+def test_a_request_id_of_a_stored_response_is_refused(tokenizer):
+    _, _, http = make(tokenizer)
+    assert http.post("/v1/responses", json={"input": "x", "request_id": "mine"}).status_code == 200
+    again = http.post("/v1/responses", json={"input": "x", "request_id": "mine"})
+    assert again.status_code == 400 and again.json()["error"]["param"] == "request_id"
 
 
 def test_a_strict_json_schema_format_constrains_the_output(tokenizer):

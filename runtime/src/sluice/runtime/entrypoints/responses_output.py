@@ -14,7 +14,8 @@ before (reasoning, then the message, then each function call, as they come):
       function_call: response.function_call_arguments.delta...,
                  response.function_call_arguments.done
     response.output_item.done; then response.completed (response.incomplete when
-    max_output_tokens cut it; response.failed when the server could not finish it).
+    max_output_tokens cut it; response.failed when the server could not finish it, or
+    with status cancelled when POST /abort_request ended it).
 
 Every event carries `sequence_number`, counting from 0.
 """
@@ -44,7 +45,7 @@ def sse(event: dict[str, Any]) -> str:
 def usage_body(prompt: int, completion: int, cached: int, reasoning: int) -> dict[str, Any]:
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": prompt + completion,
@@ -91,10 +92,21 @@ class ResponseAssembler:
         body.update(extra)
         return body
 
-    def final(self) -> dict[str, Any]:
-        """The finished response: completed, or incomplete when the length cut it."""
+    @property
+    def cancelled(self) -> bool:
+        """Aborted in band (POST /abort_request): it did not finish."""
+        return self._finish_kind == "abort"
+
+    @property
+    def _finish_kind(self) -> str | None:
         last = self.last
-        cut = last is not None and last.finished is not None and last.finished.kind == "length"
+        return last.finished.kind if last is not None and last.finished is not None else None
+
+    def final(self) -> dict[str, Any]:
+        """The finished response: completed, incomplete when the length cut it, or
+        cancelled when it was aborted."""
+        last = self.last
+        cut = self._finish_kind == "length"
         usage = None
         if last is not None:
             usage = usage_body(last.prompt_tokens, last.completion_tokens, last.cached_tokens,
@@ -102,6 +114,8 @@ class ResponseAssembler:
         if cut:
             return self.response("incomplete", usage=usage,
                                  incomplete_details={"reason": "max_output_tokens"})  # fmt: skip
+        if self.cancelled:
+            return self.response("cancelled", usage=usage)
         return self.response("completed", usage=usage, completed_at=int(time.time()))
 
     def messages(self) -> list[dict[str, Any]]:
@@ -137,13 +151,19 @@ class ResponseAssembler:
         pieces: OutputPieces = self.output.feed(chunk.text, last)
         if pieces.reasoning and not pieces.content and not pieces.tool_calls:
             self.reasoning_tokens += len(chunk.token_ids)
+        calls = [c for c in pieces.tool_calls if self.parallel or c.index == 0]
+        # a call open before this chunk gets its argument text first: text after it in the
+        # same chunk closes it; calls that start in this chunk come after the text before them
+        going_on = [c for c in calls if c.name is None and c.index in self._calls]
         events: list[str] = []
+        for call in going_on:
+            events += self._call(call.index, None, None, call.arguments)
         if pieces.reasoning:
             events += self._text("reasoning", pieces.reasoning)
         if pieces.content:
             events += self._text("message", pieces.content)
-        for call in pieces.tool_calls:
-            if self.parallel or call.index == 0:
+        for call in calls:
+            if call not in going_on:
                 events += self._call(call.index, call.id, call.name, call.arguments)
         if last:
             if not self.items and self._open is None:  # nothing at all: an empty message
@@ -154,14 +174,17 @@ class ResponseAssembler:
     def end(self) -> tuple[str, dict[str, Any]]:
         """The last event, and the finished response it carries (what is stored)."""
         body = self.final()
-        kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
+        kind = {"incomplete": "response.incomplete", "cancelled": "response.failed"}.get(
+            body["status"], "response.completed"
+        )  # OpenAI's stream has no cancelled event: a cancelled one ends as failed
         return self._event(kind, response=body), body
 
     def failed(self, error: ProtocolError) -> str:
         """The response ends with an error: the items so far, closed, then response.failed."""
         events = self._close()
-        code = error.code or "server_error"
-        body = self.response("failed", error={"code": code, "message": error.message})
+        # OpenAI's codes for a failed response are few; an engine fault, a timeout and an
+        # abort are all its "server_error" (the message says which)
+        body = self.response("failed", error={"code": "server_error", "message": error.message})
         return "".join(events) + self._event("response.failed", response=body)
 
     # --- items --------------------------------------------------------------------------------

@@ -185,7 +185,8 @@ class TextConfig(StrictObject):
 
 
 class ReasoningConfig(StrictObject):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    # none/minimal turn thinking off; the others leave it on (no thinking budget is built)
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     summary: str | None = None  # no summarizer: a summary is refused (checked by the request)
     generate_summary: str | None = None
 
@@ -320,8 +321,8 @@ def input_item_records(req: ResponsesRequest) -> list[dict[str, Any]]:
         record = {k: v for k, v in raw.items() if v is not None}
         record["type"] = item.type
         record.setdefault("id", f"{ITEM_ID_PREFIXES[item.type]}_{uuid.uuid4().hex}")
+        record.setdefault("status", "completed")
         if isinstance(item, MessageItem):
-            record.setdefault("status", "completed")
             if isinstance(item.content, str):
                 kind = "output_text" if item.role == "assistant" else "input_text"
                 record["content"] = [{"type": kind, "text": item.content}]

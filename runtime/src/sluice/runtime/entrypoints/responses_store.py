@@ -44,6 +44,11 @@ class ResponseStore:
         self._expire()
         return len(self._entries)
 
+    def __contains__(self, rid: object) -> bool:
+        """Held now (its time-to-live is not started again)."""
+        self._expire()
+        return rid in self._entries
+
     def put(self, rid: str, stored: StoredResponse) -> None:
         if not self.enabled:
             return

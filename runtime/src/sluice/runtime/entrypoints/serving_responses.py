@@ -34,11 +34,11 @@ from sluice.runtime.entrypoints.serving_base import Job, ServingBase, ServingCon
 from sluice.runtime.entrypoints.streaming import ChoiceStreams, SSEResponse
 
 
-def response_not_found(rid: str, param: str | None = None) -> ProtocolError:
+def response_not_found(rid: str) -> ProtocolError:
     return ProtocolError(
         f"Response with id '{rid}' not found (never stored here, deleted, or expired: "
         "responses live in one server's memory, for a bounded time).",
-        status=404, param=param, code="response_not_found",
+        status=404, code="response_not_found",
     )  # fmt: skip
 
 
@@ -53,13 +53,20 @@ class ServingResponses(ServingBase):
         history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             previous = self.store.get(req.previous_response_id)
-            if previous is None:
-                raise response_not_found(req.previous_response_id, "previous_response_id")
+            if previous is None:  # OpenAI's answer: a 400 the client can act on
+                raise ProtocolError(
+                    f"Previous response with id '{req.previous_response_id}' not found (never "
+                    "stored here, deleted, or expired).", param="previous_response_id",
+                    code="previous_response_not_found",
+                )  # fmt: skip
             history = previous.messages
         conversation = history + conversation_messages(req.items())
         chat = chat_request(req, conversation, model, self.args.reasoning_parser)
         prepared = await self.prepare_chat(chat, format_param="text.format")
         rid = req.request_id or new_id("resp")
+        if rid in self.store:
+            raise ProtocolError(f"request_id {rid!r} names a stored response already",
+                                param="request_id")  # fmt: skip
         stored = req.store and self.store.enabled
         splitter = ReasoningSplitter() if self.args.reasoning_parser else None
         output = ChoiceOutput(splitter, prepared.parser.streaming() if prepared.parser else None)
@@ -70,7 +77,7 @@ class ServingResponses(ServingBase):
         headers = {RESPONSE_ID_HEADER: rid} if stored else None
 
         def keep(body: dict[str, Any]) -> None:
-            if stored:
+            if stored and not assembler.cancelled:
                 messages = conversation + assembler.messages()
                 self.store.put(rid, StoredResponse(body, messages, input_item_records(req)))
 
