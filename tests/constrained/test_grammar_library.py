@@ -148,3 +148,21 @@ def test_a_model_vocab_unlike_the_tokenizers_is_masked_consistently(tokenizer, e
     apply_token_bitmask(wider, bitmask, [0])
     assert not bool(torch.isfinite(wider[0, bitmask.shape[-1] * 32 :]).any())
     compiler.close()
+
+
+def test_any_of_takes_the_answer_in_its_format_or_a_framed_call(compiler, tokenizer):
+    answer = S.json_schema({"type": "object", "properties": {"a": {"type": "integer"}},
+                            "required": ["a"], "additionalProperties": False})  # fmt: skip
+    call = S.json_schema({"type": "object", "properties": {
+        "name": {"type": "string", "enum": ["f"]},
+        "arguments": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+    }, "required": ["name", "arguments"]})  # fmt: skip
+    c = S.any_of([[answer], ["<tool_call>\n", call, "\n</tool_call>"]])
+    validate(c)
+    assert _accepts(compiler, tokenizer, c, '{"a": 1}')
+    assert _accepts(compiler, tokenizer, c, '<tool_call>\n{"name": "f", "arguments": {"x": "y"}}\n</tool_call>')
+    assert not _accepts(compiler, tokenizer, c, "plain text")
+    assert not _accepts(compiler, tokenizer, c, '<tool_call>\n{"name": "g", "arguments": {"x": "y"}}\n</tool_call>')
+    assert not _accepts(compiler, tokenizer, c, '{"name": "f", "arguments": {"x": "y"}}')
+    with pytest.raises(GrammarError):
+        validate(Constraint("any_of", '[["text", {"kind": "regex", "spec": "("}]]'))

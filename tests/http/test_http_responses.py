@@ -300,6 +300,19 @@ def test_a_strict_json_schema_format_constrains_the_output(tokenizer):
     assert [o.type for o in r.output] == ["function_call"]
 
 
+def test_auto_tools_with_a_format_let_the_model_answer_in_it_or_call(tokenizer):
+    client, tm, _ = make(tokenizer, reply=['{"a": 1}'], tool_call_parser="hermes")
+    fmt = {"type": "json_schema", "name": "thing", "strict": True,
+           "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}  # fmt: skip
+    r = client.responses.create(model=MODEL, input="x", tools=[WEATHER], text={"format": fmt})
+    constraint = tm.requests[-1][1].constraint
+    assert constraint.kind == "any_of" and r.output_text == '{"a": 1}'
+    answer, call = json.loads(constraint.spec)
+    assert json.loads(answer[0]["spec"]) == fmt["schema"]
+    assert call[0] == "<tool_call>\n" and call[2] == "\n</tool_call>"
+    assert json.loads(call[1]["spec"])["properties"]["name"]["enum"] == ["get_weather"]
+
+
 QWEN3_REPLY = ["<think>", "Let me think", ".</think>", "\n\nParis", "."]
 
 

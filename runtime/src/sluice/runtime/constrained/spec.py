@@ -20,7 +20,11 @@ REGEX = "regex"
 CHOICE = "choice"
 EBNF = "ebnf"
 LARK = "lark"
-CONSTRAINT_KINDS = (JSON_SCHEMA, JSON_OBJECT, REGEX, CHOICE, EBNF, LARK)
+# alternatives, each a sequence of literal text and constraints (spec: the JSON of
+# `[[part, ...], ...]`, a part a string or `{"kind", "spec", "strict"}`): the answer in a
+# format, or a tool call in the tool parser's frame
+ANY_OF = "any_of"
+CONSTRAINT_KINDS = (JSON_SCHEMA, JSON_OBJECT, REGEX, CHOICE, EBNF, LARK, ANY_OF)
 
 # xgrammar prefixes its C++ errors with "[hh:mm:ss] /path/file.cc:123: "
 _LOCATION = re.compile(r"^\s*\[[0-9:]+\]\s+\S+?:\d+:\s*")
@@ -80,6 +84,41 @@ def grammar(text: str) -> Constraint:
     return Constraint(EBNF if "::=" in text else LARK, text)
 
 
+def any_of(alternatives: list[list[str | Constraint]]) -> Constraint:
+    """Output matching one of the alternatives; each is its parts one after another."""
+    parts = [
+        [p if isinstance(p, str) else {"kind": p.kind, "spec": p.spec, "strict": p.strict}
+         for p in alt]
+        for alt in alternatives
+    ]  # fmt: skip
+    return Constraint(ANY_OF, json.dumps(parts, ensure_ascii=False))
+
+
+def _any_of_grammar(spec: str, any_whitespace: bool) -> Any:
+    xgr = grammar_library(ANY_OF)
+    try:
+        alternatives = json.loads(spec)
+    except ValueError as exc:
+        raise GrammarError(ANY_OF, f"not JSON: {exc}") from exc
+    if not isinstance(alternatives, list) or not alternatives:
+        raise GrammarError(ANY_OF, "a non-empty list of alternatives is needed")
+    grammars = []
+    for alt in alternatives:
+        if not isinstance(alt, list) or not alt:
+            raise GrammarError(ANY_OF, "each alternative is a non-empty list of parts")
+        parts = []
+        for part in alt:
+            if isinstance(part, str):
+                parts.append(xgr.Grammar.from_ebnf(f"root ::= {json.dumps(part, ensure_ascii=False)}"))
+            elif isinstance(part, dict) and part.get("kind") not in (None, ANY_OF):
+                inner = Constraint(part["kind"], str(part.get("spec", "")), bool(part.get("strict", True)))
+                parts.append(grammar_of(inner, any_whitespace))
+            else:
+                raise GrammarError(ANY_OF, f"a part is literal text or a constraint, not {part!r}")
+        grammars.append(parts[0] if len(parts) == 1 else xgr.Grammar.concat(*parts))
+    return grammars[0] if len(grammars) == 1 else xgr.Grammar.union(*grammars)
+
+
 def choice_ebnf(choices: list[str]) -> str:
     """An EBNF whose only sentences are the choices (JSON string escapes, raw UTF-8)."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
@@ -123,6 +162,8 @@ def grammar_of(c: Constraint, any_whitespace: bool = False) -> Any:
             return xgr.Grammar.from_ebnf(choice_ebnf(_choices(c.spec)))
         if c.kind == EBNF:
             return xgr.Grammar.from_ebnf(c.spec)
+        if c.kind == ANY_OF:
+            return _any_of_grammar(c.spec, any_whitespace)
         return xgr.Grammar.from_lark(c.spec)
     except GrammarError:
         raise

@@ -62,6 +62,7 @@ from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST, Gen
 from sluice.runtime.entrypoints.tool_parsers import ToolParser
 from sluice.runtime.entrypoints.tools import (
     ToolError,
+    answer_or_call,
     output_parser,
     template_message,
     template_tools,
@@ -300,6 +301,11 @@ class ServingBase:
                     param="tool_choice",
                 )
             constraint = ("tool_choice", forced)
+        elif constraint is not None and parser is not None and req.tools:
+            try:  # auto: the answer in the format, or a call
+                constraint = (constraint[0], answer_or_call(constraint[1], req.tools, parser))
+            except ToolError as exc:
+                raise ProtocolError(str(exc), param=exc.param) from exc
         self.check_sampling(req, constraint, top_param="top_logprobs")
         encoded = await self.off_loop(self.chat_prompt, req)
         [ids], [params] = self.sampling_params(req, [encoded], constraint)

@@ -2,7 +2,10 @@
 forced choice makes the grammar enforce, and the messages the chat template receives.
 
 - `none`: no tool call is parsed (the template still sees the tools, as in OpenAI).
-- `auto`: the model may call; `--tool-call-parser` reads its calls from the text.
+- `auto`: the model may call; `--tool-call-parser` reads its calls from the text. With an
+  output format (`response_format`, the Responses API's `text.format`) the grammar allows
+  the answer in that format or one call written as the parser reads calls
+  (`answer_or_call`), so the format never keeps the model from calling a tool.
 - `required`: the output must be a JSON array of one or more calls (one when
   `parallel_tool_calls` is false), `[{"name": ..., "parameters": {...}}]` (vLLM's shape).
 - a named function: the output must be that function's arguments object.
@@ -121,6 +124,32 @@ def tool_constraint(
     assert isinstance(choice, NamedToolChoice)
     f = named_tool(tools, choice).function
     return grammar_spec.json_schema(_params(f), _strict([f]))
+
+
+def answer_or_call(answer: Constraint, tools: list[ToolDef], parser: ToolParser) -> Constraint:
+    """`tool_choice: auto` with an output format: the output is the answer in the format,
+    or one call to one of the tools written the way `parser` reads calls (its arguments
+    valid for the tool's parameters), so the format never keeps the model from calling."""
+    frame = parser.call_frame
+    if frame is None:
+        raise ToolError(f"the {parser.name} tool parser cannot be combined with an output "
+                        "format", "tool_choice")  # fmt: skip
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "enum": [t.function.name]},
+                frame.arguments_key: _params(t.function),
+            },
+            "required": ["name", frame.arguments_key],
+        }
+        for t in tools
+    ]
+    call = grammar_spec.json_schema(
+        calls[0] if len(calls) == 1 else {"anyOf": calls}, _strict([t.function for t in tools])
+    )
+    framed: list[str | Constraint] = [p for p in (frame.before, call, frame.after) if p != ""]
+    return grammar_spec.any_of([[answer], framed])
 
 
 def output_parser(

@@ -26,7 +26,8 @@ class Constraint:
       "json_schema" (spec: the schema as JSON text), "json_object" (spec: ""; any JSON
       object), "regex" (spec: the pattern), "choice" (spec: a JSON list of strings; the
       output is exactly one of them), "ebnf" (spec: an xgrammar/GBNF grammar, rule `root`),
-      "lark" (spec: a Lark grammar, rule `start`).
+      "lark" (spec: a Lark grammar, rule `start`), "any_of" (spec: JSON alternatives of
+      literal text and constraints, `constrained.spec.any_of`).
     strict: json_schema only: True forbids properties and array items the schema does not
       declare (OpenAI's `strict`); False follows JSON Schema literally (unlisted properties
       allowed unless `additionalProperties: false`).

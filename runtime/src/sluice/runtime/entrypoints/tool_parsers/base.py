@@ -59,8 +59,19 @@ class StreamingToolParser(ABC):
     def finish(self) -> StreamDelta: ...
 
 
+@dataclass(frozen=True)
+class CallFrame:
+    """How one call is written: `before`, the JSON object `{"name": ..., <arguments_key>:
+    {...}}`, `after`. A grammar that allows "an answer or a call" writes calls this way."""
+
+    before: str
+    arguments_key: str
+    after: str
+
+
 class ToolParser(ABC):
     name: str = ""
+    call_frame: CallFrame | None = None  # None: no grammar can write this parser's calls
 
     @abstractmethod
     def streaming(self) -> StreamingToolParser: ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluice.runtime.entrypoints.tool_parsers.base import (
+    CallFrame,
     ScanningToolParser,
     StreamDelta,
     StreamingToolParser,
@@ -88,6 +89,7 @@ class HermesStream(ScanningToolParser):
 
 class HermesParser(ToolParser):
     name = "hermes"
+    call_frame = CallFrame(START + "\n", "arguments", "\n" + END)
 
     def streaming(self) -> StreamingToolParser:
         return HermesStream()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluice.runtime.entrypoints.tool_parsers.base import (
+    CallFrame,
     ScanningToolParser,
     StreamDelta,
     StreamingToolParser,
@@ -101,6 +102,7 @@ class SequenceStream(ScanningToolParser):
 
 class Llama3JsonParser(ToolParser):
     name = "llama3_json"
+    call_frame = CallFrame("", "parameters", "")
 
     def streaming(self) -> StreamingToolParser:
         return SequenceStream(separators=";", tag=PYTHON_TAG)
