@@ -77,6 +77,10 @@ class TextPart(_Item):
 TEXT_PART_TYPES = ("input_text", "output_text", "text", "refusal")
 
 
+def text_of(content: str | list[TextPart]) -> str:
+    return content if isinstance(content, str) else "".join(p.value for p in content)
+
+
 class MessageItem(_Item):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
@@ -84,9 +88,7 @@ class MessageItem(_Item):
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.value for p in self.content)
+        return text_of(self.content)
 
 
 class FunctionCallItem(_Item):
@@ -103,9 +105,7 @@ class FunctionCallOutputItem(_Item):
 
     @property
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(p.value for p in self.output)
+        return text_of(self.output)
 
 
 class ReasoningInputItem(_Item):
