@@ -55,8 +55,34 @@ def _config(family: str, vocab: int, overrides: dict[str, Any]) -> Any:
     return config
 
 
-def make_tiny_windowed(path: Path, family: str, seed: int = 0, **overrides: Any) -> Path:
-    """Write a random tiny `family` ("gemma3", "gemma2" or "gpt_oss") model into `path`."""
+def published_shape(path: Path, family: str) -> None:
+    """Rewrite the folder's config.json the way the published checkpoints write theirs:
+    no `layer_types` (transformers derives them: Gemma 2 and gpt-oss alternate, Gemma 3
+    has `sliding_window_pattern`), and Gemma 3's RoPE bases as `rope_theta` and
+    `rope_local_base_freq` (transformers 4's keys) instead of `rope_parameters`."""
+    import json
+
+    file = path / "config.json"
+    raw = json.loads(file.read_text())
+    raw.pop("layer_types")
+    if family == "gemma3":
+        params = raw.pop("rope_parameters")
+        raw["rope_theta"] = params["full_attention"]["rope_theta"]
+        raw["rope_local_base_freq"] = params["sliding_attention"]["rope_theta"]
+        raw["sliding_window_pattern"] = PUBLISHED_GEMMA3_PATTERN
+    file.write_text(json.dumps(raw, indent=2))
+
+
+# with 4 layers, a pattern of 3 puts the global layer at index 2 (the published 6 would
+# need 6 layers for one)
+PUBLISHED_GEMMA3_PATTERN = 3
+
+
+def make_tiny_windowed(
+    path: Path, family: str, seed: int = 0, published: bool = False, **overrides: Any
+) -> Path:
+    """Write a random tiny `family` ("gemma3", "gemma2" or "gpt_oss") model into `path`;
+    `published`: with a config.json shaped like the published ones (`published_shape`)."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     tokenizer = make_tokenizer()
@@ -72,6 +98,59 @@ def make_tiny_windowed(path: Path, family: str, seed: int = 0, **overrides: Any)
     model.save_pretrained(path, safe_serialization=True)
     GenerationConfig(eos_token_id=EOS_TOKEN_ID, pad_token_id=0).save_pretrained(path)
     tokenizer.save_pretrained(path)
+    if published:
+        published_shape(path, family)
+    return path
+
+
+def make_tiny_gemma3_multimodal(path: Path, seed: int = 0, transformers4_names: bool = False) -> Path:
+    """A random tiny Gemma3ForConditionalGeneration (the language model of `_config
+    ("gemma3")` beside a tiny SigLIP vision tower), config.json as published (a sparse
+    `text_config`). `transformers4_names`: the weights under `language_model.model.*` and
+    `vision_tower.*`, as the published 4B/12B/27B safetensors name them."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    tokenizer = make_tokenizer()
+    text = _config("gemma3", len(tokenizer), {}).to_dict()
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
+    config = Gemma3Config(text_config=text, vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                          image_token_index=len(tokenizer) - 1, boi_token_index=len(tokenizer) - 2,
+                          eoi_token_index=len(tokenizer) - 3, eos_token_id=EOS_TOKEN_ID)  # fmt: skip
+    torch.manual_seed(seed)
+    model = Gemma3ForConditionalGeneration(config).to(torch.float32).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    if transformers4_names:
+        weights = load_file(str(path / "model.safetensors"))
+        renamed = {
+            k.replace("model.language_model.", "language_model.model.")
+            .replace("model.vision_tower.", "vision_tower.")
+            .replace("model.multi_modal_projector.", "multi_modal_projector.")
+            .replace("lm_head.", "language_model.lm_head."): v
+            for k, v in weights.items()
+        }  # fmt: skip
+        save_file(renamed, str(path / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((path / "config.json").read_text())
+    keep = ("hidden_size", "intermediate_size", "model_type", "num_hidden_layers", "sliding_window",
+            "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+            "max_position_embeddings", "query_pre_attn_scalar", "rms_norm_eps")  # fmt: skip
+    text_raw = {k: v for k, v in raw["text_config"].items() if k in keep}
+    full = raw["text_config"]["rope_parameters"]
+    text_raw["rope_theta"] = full["full_attention"]["rope_theta"]
+    text_raw["rope_local_base_freq"] = full["sliding_attention"]["rope_theta"]
+    text_raw["sliding_window_pattern"] = PUBLISHED_GEMMA3_PATTERN
+    raw["text_config"] = text_raw
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
     return path
 
 

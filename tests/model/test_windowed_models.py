@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from model_harness import PagedRunner, assert_logits_close, assert_same_greedy_tokens, prompt
-from tiny_windowed import load_hf, make_tiny_windowed
+from tiny_windowed import load_hf, make_tiny_gemma3_multimodal, make_tiny_windowed
 
 from sluice.runtime.attention.registry import create_model_backend
 from sluice.runtime.kernels import cpu_extension
@@ -68,6 +68,38 @@ def test_prefill_across_the_window_matches_hf(folders, references, family, backe
     batch = paged.extend([(1, prompts[1]), (2, prompts[2])])
     expected = torch.stack([hf_logits(references[family], p)[-1] for p in prompts[1:]])
     assert_logits_close(batch, expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_published_shaped_config_without_layer_types_matches_hf(tmp_path, family) -> None:
+    """config.json as the published checkpoints write it (no `layer_types`: transformers
+    derives the global layers), over a prompt far longer than the window."""
+    folder = make_tiny_windowed(tmp_path / family, family, seed=7, published=True)
+    model = ours(folder, "torch")
+    assert "full_attention" in model.config.layer_types
+    ids = prompt(90, seed=3, vocab=model.config.vocab_size)
+    logits = runner(model).extend([(0, ids)], return_all_logits=True)
+    reference = hf_logits(load_hf(folder), ids)
+    assert_logits_close(logits, reference)
+    assert_same_greedy_tokens(logits, reference)
+
+
+@pytest.mark.parametrize("transformers4_names", [False, True])
+def test_gemma3_for_conditional_generation_is_served_as_text(tmp_path, transformers4_names):
+    """Gemma 3 4B/12B/27B's architecture: the language model's weights (under either
+    transformers' names), the vision tower skipped; equal to transformers' multimodal
+    model on text."""
+    from transformers import Gemma3ForConditionalGeneration
+
+    folder = make_tiny_gemma3_multimodal(tmp_path / "mm", transformers4_names=transformers4_names)
+    model = ours(folder, "torch")
+    ids = prompt(70, seed=5, vocab=model.config.vocab_size - 3)  # no image/boi/eoi tokens
+    logits = runner(model).extend([(0, ids)], return_all_logits=True)
+    hf = Gemma3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32,
+                                                        attn_implementation="eager").eval()  # fmt: skip
+    reference = hf_logits(hf, ids)
+    assert_logits_close(logits, reference)
+    assert_same_greedy_tokens(logits, reference)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

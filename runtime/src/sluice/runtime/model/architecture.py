@@ -111,3 +111,6 @@ class Architecture:
     model_types: tuple[str, ...] = ()
     model_class: Callable[..., nn.Module] | None = None  # None: CausalLM
     read_options: Callable[[Mapping[str, Any], ModelConfig], dict[str, Any]] = _no_options
+    # a checkpoint tensor's name as the weight rules spell it, None for a tensor this
+    # runtime does not use (a multimodal model's vision tower); None: the names as they are
+    checkpoint_name: Callable[[str], str | None] | None = None

@@ -4,10 +4,12 @@ Both spellings of the RoPE settings are accepted: the older `rope_theta` + `rope
 keys and transformers 5's `rope_parameters` dict, also in its per-layer-type form (Gemma 3:
 one dict for `full_attention` layers, one for `sliding_attention` layers).
 
-Which layers attend through a sliding window is `layer_types` (transformers' list of
-`"full_attention"` / `"sliding_attention"`), derived for older configs that only carry
-`sliding_window` (Mistral: every layer; Qwen2 with `use_sliding_window`: the layers from
-`max_window_layers` on). The windows are honoured by the attention backends, so a windowed
+A field the config leaves out takes transformers' default for the family
+(`config_defaults`). Which layers attend through a sliding window is `layer_types`
+(transformers' list of `"full_attention"` / `"sliding_attention"`), derived as
+transformers derives it for configs without one (Gemma 2 and gpt-oss: every second layer
+is global; Gemma 3: every `sliding_window_pattern`-th, 6 by default; Qwen2 with
+`use_sliding_window`: the layers from `max_window_layers` on slide; Mistral: every layer). The windows are honoured by the attention backends, so a windowed
 model serves its whole `max_position_embeddings`. `generation_config.json`, when present,
 adds its end-of-sequence ids (Llama 3 Instruct lists its `<|eot_id|>` only there).
 
@@ -23,6 +25,8 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from sluice.runtime.model.config_defaults import TEXT_MODEL_TYPES, global_every, with_defaults
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 QWEN_WINDOW_FLAG = ("qwen2", "qwen3", "qwen3_moe")  # a window only with use_sliding_window
@@ -196,11 +200,13 @@ class ModelConfig:
 
 
 def _text_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """Multimodal wrappers keep the language model's settings under `text_config`."""
+    """The language model's settings over its family's defaults (`config_defaults`);
+    multimodal wrappers keep them under `text_config`."""
     text = raw.get("text_config")
     if isinstance(text, dict) and "hidden_size" not in raw:
-        return {**text, "architectures": raw.get("architectures")}
-    return raw
+        model_type = TEXT_MODEL_TYPES.get(str(raw.get("model_type", "")))
+        raw = {"model_type": model_type, **text, "architectures": raw.get("architectures")}
+    return with_defaults(raw)
 
 
 def _as_ids(value: Any) -> list[int]:
@@ -272,7 +278,10 @@ def _layer_types(raw: dict[str, Any], num_layers: int, window: int | None) -> tu
     if raw.get("model_type") in QWEN_WINDOW_FLAG:  # the layers from max_window_layers on slide
         first = int(raw.get("max_window_layers", num_layers))
         return tuple(SLIDING if i >= first else FULL for i in range(num_layers))
-    return (SLIDING,) * num_layers
+    every = global_every(raw)
+    if every:
+        return tuple(SLIDING if (i + 1) % every else FULL for i in range(num_layers))
+    return (SLIDING,) * num_layers  # Mistral
 
 
 def _sliding_window(raw: dict[str, Any]) -> int | None:

@@ -1,4 +1,5 @@
-"""Gemma 2 and Gemma 3 (text) over a paged KV cache.
+"""Gemma 2 and Gemma 3 (text; Gemma 3's multimodal checkpoints served as text) over a
+paged KV cache.
 
 What sets them apart from the Llama family, all of it per transformers' `modeling_gemma2`
 and `modeling_gemma3`:
@@ -182,6 +183,30 @@ GEMMA_RULES = (
     )  # fmt: skip
 )
 
+# Gemma 3 4B, 12B and 27B are published as Gemma3ForConditionalGeneration: the language
+# model (transformers 4 saved it under `language_model.model.*`, transformers 5 under
+# `model.language_model.*`) beside a vision tower, which is not loaded (text only)
+_LANGUAGE_MODEL_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+_VISION_PREFIXES = (
+    "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+)  # fmt: skip
+
+
+def language_model_name(name: str) -> str | None:
+    """A Gemma3ForConditionalGeneration tensor's name as Gemma3ForCausalLM's; None for the
+    vision tower and its projector."""
+    if name.startswith(_VISION_PREFIXES):
+        return None
+    for old, new in _LANGUAGE_MODEL_PREFIXES:
+        if name.startswith(old):
+            return new + name[len(old) :]
+    return name
+
+
 ARCHITECTURES = (
     Architecture(
         names=("Gemma3ForCausalLM", "Gemma2ForCausalLM"),
@@ -190,5 +215,14 @@ ARCHITECTURES = (
         weight_rules=GEMMA_RULES,
         model_class=GemmaForCausalLM,
         read_options=_read_options,
+    ),
+    Architecture(
+        names=("Gemma3ForConditionalGeneration",),
+        model_types=("gemma3",),
+        decoder_layer=GemmaDecoderLayer,
+        weight_rules=GEMMA_RULES,
+        model_class=GemmaForCausalLM,
+        read_options=_read_options,
+        checkpoint_name=language_model_name,
     ),
 )

@@ -231,20 +231,33 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def iter_safetensors(
-    path: Path, device: torch.device | str, plan: Callable[[str], TensorRead] | None = None
+    path: Path,
+    device: torch.device | str,
+    plan: Callable[[str], TensorRead] | None = None,
+    rename: Callable[[str], str | None] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of every shard, read straight onto `device`; with `plan` (a tensor
-    parallel rank's `ModelShard.read`), only the slice of each tensor the plan names."""
+    parallel rank's `ModelShard.read`), only the slice of each tensor the plan names;
+    with `rename` (`Architecture.checkpoint_name`), under the name it gives, and not read
+    at all where it gives None."""
     from safetensors import safe_open
 
+    skipped = 0
     for file in weight_files(path):
         with safe_open(str(file), framework="pt", device=str(device)) as handle:
-            for name in handle.keys():
+            for stored in handle.keys():
+                name = rename(stored) if rename is not None else stored
+                if name is None:
+                    skipped += 1
+                    continue
                 read = plan(name) if plan is not None else WHOLE
                 yield (
                     name,
-                    handle.get_tensor(name) if read.whole else _read_part(handle, name, read),
+                    handle.get_tensor(stored) if read.whole else _read_part(handle, stored, read),
                 )
+    if skipped:
+        logger.info("skipped %d checkpoint tensors this runtime does not use (a vision tower: "
+                    "the model is served as text)", skipped)  # fmt: skip
 
 
 def _read_part(handle: Any, name: str, read: TensorRead) -> torch.Tensor:
@@ -285,7 +298,8 @@ def load_model(
         config, backend, device=device, dtype=dtype, tp=tp, architecture=architecture
     )
     check_backend_supports(model, backend)
-    model.load_weights(iter_safetensors(path, device, model.shard.read if tp.size > 1 else None))
+    plan = model.shard.read if tp.size > 1 else None
+    model.load_weights(iter_safetensors(path, device, plan, architecture.checkpoint_name))
     model.eval()
     return model, config
 
