@@ -69,8 +69,50 @@ GPT_OSS_20B = {
     "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
     "swiglu_limit": 7.0, "tie_word_embeddings": False, "use_cache": True, "vocab_size": 201088,
 }  # fmt: skip
-PUBLISHED = {"gemma-2-2b": GEMMA_2_2B, "gemma-3-1b-it": GEMMA_3_1B, "gemma-3-4b-it": GEMMA_3_4B,
-             "gpt-oss-20b (no layer_types)": GPT_OSS_20B}  # fmt: skip
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 128256,
+}  # fmt: skip
+MISTRAL_7B_V01 = {
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 32000,
+}  # fmt: skip
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}  # fmt: skip
+MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+    "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": False,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 32000,
+}  # fmt: skip
+WINDOWED = {"gemma-2-2b": GEMMA_2_2B, "gemma-3-1b-it": GEMMA_3_1B, "gemma-3-4b-it": GEMMA_3_4B,
+            "gpt-oss-20b (no layer_types)": GPT_OSS_20B}  # fmt: skip
+PUBLISHED = {**WINDOWED, "llama-3.2-1b": LLAMA_3_2_1B, "mistral-7b-v0.1": MISTRAL_7B_V01,
+             "qwen3-0.6b": QWEN3_0_6B, "mixtral-8x7b": MIXTRAL_8X7B}  # fmt: skip
 
 
 def transformers_text_config(raw: dict[str, Any]) -> Any:
@@ -95,9 +137,19 @@ def test_a_published_config_reads_as_transformers_reads_it(name: str) -> None:
     raw = PUBLISHED[name]
     ours: ModelConfig = model_config(raw)
     hf = transformers_text_config(raw)
-    assert ours.layer_types == tuple(hf.layer_types)
-    assert FULL in ours.layer_types and SLIDING in ours.layer_types
-    assert ours.sliding_window == hf.sliding_window
+    if getattr(hf, "head_dim", None) is None:  # the model derives it
+        hf.head_dim = hf.hidden_size // hf.num_attention_heads
+    hf_window = getattr(hf, "sliding_window", None)
+    hf_types = tuple(getattr(hf, "layer_types", None) or ())
+    if hf_window is None:  # no window: every layer attends to everything
+        assert ours.sliding_window is None and set(ours.layer_types) == {FULL}
+    elif hf_types:
+        assert ours.layer_types == hf_types
+    else:  # Mistral: transformers keeps no list; the window applies to every layer
+        assert set(ours.layer_types) == {SLIDING}
+    if name in WINDOWED:
+        assert FULL in ours.layer_types and SLIDING in ours.layer_types
+    assert ours.sliding_window == hf_window
     for field in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                   "vocab_size", "max_position_embeddings", "rms_norm_eps", "hidden_size",
                   "intermediate_size", "tie_word_embeddings"):  # fmt: skip
