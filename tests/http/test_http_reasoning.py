@@ -150,3 +150,36 @@ def test_qwen3_tool_calls_after_reasoning(qwen3_tokenizer, stream):
     assert '"name": "get_weather"' in qwen3_tokenizer.decode(
         tm.requests[0][0]
     )  # tools in the prompt
+
+
+# Qwen3-2507 Thinking (and DeepSeek-R1): the template opens the block, the reply has no <think>
+OPENING_TEMPLATE = QWEN3_TEMPLATE.replace(
+    "{% if add_generation_prompt %}<|im_start|>assistant\n",
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n",
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_template_that_opens_the_think_block_puts_the_reply_in_reasoning(qwen3_tokenizer, stream):
+    assert OPENING_TEMPLATE != QWEN3_TEMPLATE
+    qwen3_tokenizer.chat_template = OPENING_TEMPLATE
+    client, tm, _ = make_client(qwen3_tokenizer, ["Let me ", "think.\n</th", "ink>\n\nParis", "."])
+    if stream:
+        chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        thought = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+        content = "".join(d.content or "" for d in deltas)
+    else:
+        message = client.chat.completions.create(model=MODEL, messages=MESSAGES).choices[0].message
+        thought, content = message.reasoning_content, message.content
+    assert tm.tokenizer.decode(tm.requests[-1][0]).endswith("<think>\n")
+    assert (thought, content) == ("Let me think.\n", "Paris.")
+    r = client.responses.create(model=MODEL, input="hi")
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == "Let me think.\n" and r.output_text == "Paris."
+
+
+def test_a_reply_to_a_template_without_the_open_block_stays_content(qwen3_tokenizer):
+    client, _, _ = make_client(qwen3_tokenizer, ["Paris", "."])
+    message = client.chat.completions.create(model=MODEL, messages=MESSAGES).choices[0].message
+    assert not message.reasoning_content and message.content == "Paris."

@@ -6,6 +6,10 @@ is all content (Qwen3 with `enable_thinking: false`: its template puts an empty 
 in the prompt, so the reply has none), as SGLang's and vLLM's `qwen3` parsers do. A reply cut
 short inside the block is all reasoning.
 
+When the prompt itself ends inside an open `<think>` (the Qwen3-2507 Thinking template,
+and DeepSeek-R1's, open the block for the model), the reply starts in the reasoning and has
+no opening tag: `prompt_opens_thinking` tells, and the splitter starts `opened`.
+
 `ReasoningSplitter.feed` does the same for a stream: each text delta gives a reasoning
 delta and a content delta; a tag split across deltas is held back until it is whole.
 """
@@ -23,9 +27,15 @@ class ReasoningSplit:
     content: str
 
 
-def split_reasoning(text: str) -> ReasoningSplit:
-    """A whole reply's reasoning and content (`qwen3`)."""
-    splitter = ReasoningSplitter()
+def prompt_opens_thinking(prompt_tail: str) -> bool:
+    """The prompt (its last characters will do) leaves a `<think>` block open."""
+    tail = prompt_tail.rstrip()
+    return tail.endswith(THINK_OPEN)
+
+
+def split_reasoning(text: str, opened: bool = False) -> ReasoningSplit:
+    """A whole reply's reasoning and content (`qwen3`); `opened`: the prompt opened it."""
+    splitter = ReasoningSplitter.starting(opened)
     first, last = splitter.feed(text), splitter.finish()
     return ReasoningSplit(first.reasoning + last.reasoning, first.content + last.content)
 
@@ -45,6 +55,13 @@ class ReasoningSplitter:
     state: str = "start"  # start (nothing seen), reasoning, content
     held: str = ""  # text not yet emitted: a possible tag prefix, or the undecided start
     strip_newlines: bool = False  # drop the newlines right after </think>
+    strip_leading: bool = False  # opened by the prompt: drop the reasoning's leading newlines
+
+    @classmethod
+    def starting(cls, opened: bool) -> ReasoningSplitter:
+        """`opened`: the prompt ended inside `<think>`: the reply starts in the reasoning
+        (its leading newlines dropped, as the template's own newline separates them)."""
+        return cls(state="reasoning", strip_leading=True) if opened else cls()
 
     def feed(self, delta: str) -> ReasoningSplit:
         text = self.held + delta
@@ -60,6 +77,9 @@ class ReasoningSplitter:
             else:  # no think block: all content
                 self.state = "content"
         if self.state == "reasoning":
+            if self.strip_leading:
+                text = text.lstrip("\n")
+                self.strip_leading = not text
             end = text.find(THINK_CLOSE)
             if end >= 0:
                 reasoning, text = text[:end], text[end + len(THINK_CLOSE) :]

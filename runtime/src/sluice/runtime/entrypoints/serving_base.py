@@ -40,6 +40,7 @@ from sluice.runtime.entrypoints.logprobs import TokenBytes
 from sluice.runtime.entrypoints.lora_api import LoraAdapters
 from sluice.runtime.entrypoints.openai_protocol import ChatCompletionRequest, CompletionRequest
 from sluice.runtime.entrypoints.openai_responses import usage_of
+from sluice.runtime.entrypoints.reasoning import ReasoningSplitter, prompt_opens_thinking
 from sluice.runtime.entrypoints.request_limits import EngineDown, Overloaded, TooManyChoices
 from sluice.runtime.entrypoints.request_params import (
     Capabilities,
@@ -154,6 +155,11 @@ class PreparedChat:
     ids: list[int]
     params: SamplingParams
     parser: ToolParser | None
+    thinking_opened: bool = False  # the prompt ends inside <think> (with --reasoning-parser)
+
+    def splitter(self, reasoning: bool) -> ReasoningSplitter | None:
+        """A reasoning splitter for one choice (None when reasoning is not split)."""
+        return ReasoningSplitter.starting(self.thinking_opened) if reasoning else None
 
 
 @dataclasses.dataclass
@@ -309,7 +315,10 @@ class ServingBase:
         self.check_sampling(req, constraint, top_param="top_logprobs")
         encoded = await self.off_loop(self.chat_prompt, req)
         [ids], [params] = self.sampling_params(req, [encoded], constraint)
-        return PreparedChat(ids, params, parser)
+        opened = bool(self.args.reasoning_parser) and await self.off_loop(
+            lambda: prompt_opens_thinking(self.tm.tokenizer.decode(ids[-8:]))
+        )
+        return PreparedChat(ids, params, parser, opened)
 
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         """The prompt's ids (on the tokenizer thread): the chat template applied to the

@@ -30,7 +30,7 @@ from sluice.runtime.entrypoints.openai_responses import (
     Usage,
     usage_of,
 )
-from sluice.runtime.entrypoints.reasoning import ReasoningSplitter, split_reasoning
+from sluice.runtime.entrypoints.reasoning import split_reasoning
 from sluice.runtime.entrypoints.request_params import finish_reason, kept_stop_text, stop_reason
 from sluice.runtime.entrypoints.serving_base import ServingBase, fan_out
 from sluice.runtime.entrypoints.streaming import Chunk, SSEResponse, positions_of, sse_event
@@ -53,8 +53,7 @@ class ServingChat(ServingBase):
         reasoning = bool(self.args.reasoning_parser) and req.separate_reasoning
         if req.stream:
             outputs = [
-                ChoiceOutput(ReasoningSplitter() if reasoning else None,
-                             parser.streaming() if parser else None)
+                ChoiceOutput(prepared.splitter(reasoning), parser.streaming() if parser else None)
                 for _ in jobs
             ]  # fmt: skip
             fmt = ChatEvents(rid, model, req.n, top, tb, outputs, echo, req.keep_stop_string,
@@ -66,7 +65,7 @@ class ServingChat(ServingBase):
             text = c.text + kept_stop_text(c.last.finished, req.keep_stop_string)
             thought = None
             if reasoning:
-                split = split_reasoning(text)
+                split = split_reasoning(text, prepared.thinking_opened)
                 thought, text = split.reasoning, split.content
             content, calls = text, []
             if parser is not None:
