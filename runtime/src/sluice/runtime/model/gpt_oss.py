@@ -32,6 +32,8 @@ from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig, MoEOptions, SwiGLUClamp
 from sluice.runtime.model.layers import Linear
 from sluice.runtime.model.llama import attention_rules, common_rules
+from sluice.runtime.model.moe import grouped_mm_supports
+from sluice.runtime.model.moe_routing import ExpertOrder
 
 _MXFP4 = re.compile(r"^(.+)_(blocks|scales)$")
 # the FP4 (e2m1) code points, by their 4-bit index
@@ -44,7 +46,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     unquantized checkpoints: input features first)."""
     if blocks.shape[:-1] != scales.shape:
         raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} differ")
-    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32, device=blocks.device)  # indexed on it
     blocks = blocks.to(torch.uint8)
     values = torch.stack([lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]], dim=-1)
     values = values.flatten(-2)  # [experts, rows, groups, 32]
@@ -86,20 +88,35 @@ class GptOssExperts(nn.Module):
         self.gate_up_proj_bias = param(experts, 2 * inter)
         self.down_proj = param(experts, inter, hidden)
         self.down_proj_bias = param(experts, hidden)
+        self._grouped: bool | None = None  # whether _grouped_mm runs the dtype (tried once)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The (token, choice) pairs sorted by expert (`ExpertOrder`), each expert's rows one
+        segment of two grouped GEMMs (`torch._grouped_mm`, one call each, no host sync:
+        CUDA-graph safe), or one GEMM per active expert where `_grouped_mm` lacks the dtype."""
         top_logits, chosen = torch.topk(self.router(x), self.top_k, dim=-1)
         weights = torch.softmax(top_logits, dim=-1)
-        out = torch.zeros_like(x)
-        for expert in torch.unique(chosen).tolist():
-            tokens, slot = torch.where(chosen == expert)
-            h = x[tokens] @ self.gate_up_proj[expert] + self.gate_up_proj_bias[expert]
-            gate = h[..., ::2].clamp(max=self.limit)
-            up = h[..., 1::2].clamp(-self.limit, self.limit)
-            glu = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
-            y = glu @ self.down_proj[expert] + self.down_proj_bias[expert]
-            out.index_add_(0, tokens, (y * weights[tokens, slot, None]).to(x.dtype))
-        return out
+        order = ExpertOrder(weights, chosen, self.gate_up_proj.shape[0])
+        rows = x[order.rows]
+        if self._grouped is None:
+            self._grouped = grouped_mm_supports(x.dtype, x.device)
+        if self._grouped:
+            h = torch._grouped_mm(rows, self.gate_up_proj, offs=order.offsets)
+            h = h + self.gate_up_proj_bias[order.experts]
+            y = torch._grouped_mm(self._glu(h), self.down_proj, offs=order.offsets)
+            y = y + self.down_proj_bias[order.experts]
+        else:
+            y = torch.empty_like(rows)
+            for e, start, end in order.active():
+                h = rows[start:end] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
+                y[start:end] = self._glu(h) @ self.down_proj[e] + self.down_proj_bias[e]
+        return order.combine(y, x.shape[0])
+
+    def _glu(self, h: torch.Tensor) -> torch.Tensor:
+        """gpt-oss's clamped SwiGLU over gate and up interleaved by column."""
+        gate = h[..., ::2].clamp(max=self.limit)
+        up = h[..., 1::2].clamp(-self.limit, self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
 
 class GptOssDecoderLayer(nn.Module):

@@ -31,6 +31,7 @@ class ExpertOrder:
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         self.rows = order // ids.shape[1]
+        self.experts = flat[order]  # the expert of each sorted pair
         self.weights = weights.reshape(-1)[order]
         self.counts = expert_counts(flat, num_experts)
         self.offsets = torch.cumsum(self.counts, 0).to(torch.int32)
