@@ -5,8 +5,10 @@ An adapter is refused with a `LoraAdapterError` naming the reason (the API answe
 with it) when a file is missing or unreadable, its rank exceeds `--max-lora-rank`, it
 targets a module the model has no LoRA slot for (`lora.layout`: the embedding, the LM head,
 experts, a layer that lacks the module) or uses what is not implemented here (DoRA, trained
-biases, `modules_to_save`), a tensor's shape does not fit the model, or its config names
-another base model.
+biases, `modules_to_save`), or a tensor's shape does not fit the model: the base model is
+matched by its architecture's modules and their shapes. The `base_model_name_or_path` an
+adapter names is only compared (a warning when it is none of the names this model goes
+by): a hub id, a training machine's folder and an HF cache snapshot all name one model.
 
 The weights are kept whole (not sharded) in fp32 on the CPU with their scaling
 (`lora_alpha / r`, or `lora_alpha / sqrt(r)` with rsLoRA): applying an adapter is
@@ -16,6 +18,7 @@ The weights are kept whole (not sharded) in fp32 on the CPU with their scaling
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ import torch
 from sluice.runtime.lora.layout import LoraLayout
 from sluice.runtime.lora.spec import LoraAdapterError
 
+logger = logging.getLogger(__name__)
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 # PEFT's tensor names: `base_model.model.<module>.lora_A[.<adapter name>].weight`
@@ -146,17 +150,18 @@ def load_adapter(
     """Read and validate the adapter at `path` for a model of `layout` (the projections it
     offers per layer, `lora.layout`).
 
-    `base_names`: names the base model goes by (its folder, its served name), lower-case; an
-    adapter whose `base_model_name_or_path` is none of them is refused."""
+    `base_names`: names the base model goes by (its folder, its served name, its hub id),
+    lower-case; an adapter whose `base_model_name_or_path` is none of them is loaded with a
+    warning (its shapes decide)."""
     folder = Path(path)
     cfg = _read_config(folder)
     rank, scaling = _check_config(cfg, max_rank, layout)
     base = str(cfg.get("base_model_name_or_path") or "")
     if base_names is not None and not _same_base(base, base_names):
-        raise LoraAdapterError(
-            f"adapter was trained for base model {base!r}, not this server's "
-            f"({', '.join(sorted(base_names))})"
-        )
+        logger.warning(
+            "adapter %s names base model %r, not one of this server's names (%s); loaded "
+            "because every tensor fits this model's modules", name, base, ", ".join(sorted(base_names)),
+        )  # fmt: skip
     tensors = _read_tensors(folder)
     out = LoraWeights(name, str(path), rank, scaling, base)
     for key, tensor in tensors.items():

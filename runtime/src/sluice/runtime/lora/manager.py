@@ -268,5 +268,15 @@ def base_model_names(
         model.rstrip("/").rsplit("/", 1)[-1],
         str(model_path).rstrip("/").rsplit("/", 1)[-1],
     }
-    names |= {served_model_name, *bundled}
+    names |= {served_model_name, *bundled, *hub_id_names(str(model_path))}
     return {n.lower().removesuffix(".gguf") for n in names if n}
+
+
+def hub_id_names(path: str) -> set[str]:
+    """The hub id an HF cache folder stands for (`.../models--Org--Name/snapshots/<hash>`
+    is `Org/Name`), and its name alone."""
+    for part in reversed(path.rstrip("/").split("/")):
+        if part.startswith("models--"):
+            hub_id = part.removeprefix("models--").replace("--", "/")
+            return {hub_id, hub_id.rsplit("/", 1)[-1]}
+    return set()
