@@ -19,6 +19,7 @@ from model_harness import PagedRunner, assert_logits_close, assert_same_greedy_t
 from tiny_windowed import load_hf, make_tiny_gemma3_multimodal, make_tiny_windowed
 
 from sluice.runtime.attention.registry import create_model_backend
+from sluice.runtime.attention.torch_backend import TorchAttentionBackend
 from sluice.runtime.kernels import cpu_extension
 from sluice.runtime.model.loader import load_model
 
@@ -191,3 +192,29 @@ def test_a_backend_without_windows_refuses_the_model_at_load(folders) -> None:
 
     with pytest.raises(ValueError, match="no sliding windows here"):
         load_model(folders["gemma3"], "cpu", torch.float32, NoWindows())
+
+
+class _NoWindows(TorchAttentionBackend):
+    """A backend that cannot run windowed layers (as FlashInfer cannot)."""
+
+    def unsupported(self, options) -> str | None:
+        return "no sliding windows here" if options.window is not None else None
+
+
+def test_auto_falls_back_to_a_backend_that_runs_the_model(folders, references, monkeypatch):
+    folder = folders["gemma2"]
+    with pytest.raises(ValueError, match="no sliding windows here"):
+        load_model(folder, "cpu", torch.float32, _NoWindows())
+    fallback = TorchAttentionBackend()
+    model, _ = load_model(folder, "cpu", torch.float32, _NoWindows(), fallback=lambda: fallback)
+    assert model.attn_backend is fallback
+    ids = prompt(40, seed=2, vocab=model.config.vocab_size)
+    logits = runner(model).extend([(0, ids)], return_all_logits=True)
+    assert_logits_close(logits, hf_logits(references["gemma2"], ids))
+    # what auto falls back to: nothing on the CPU; Triton (else torch) where it chose FlashInfer
+    from sluice.runtime.attention import registry
+
+    assert registry.auto_fallback_name("auto", "cpu") is None
+    monkeypatch.setattr(registry, "resolve_backend_name", lambda name, device: "flashinfer")
+    assert registry.auto_fallback_name("auto", "cuda") in ("triton", "torch")
+    assert registry.auto_fallback_name("flashinfer", "cuda") is None  # asked for: no fallback

@@ -1,7 +1,8 @@
 """Choose an attention backend by name (`--attention-backend`).
 
 `auto` picks by device: on CUDA, `flashinfer` when the package imports, else `triton`,
-else `torch`; on the CPU, `cpu` (the in-place paged kernels, or their torch fallback
+else `torch` (and for a model FlashInfer cannot run, windowed or soft-capped or with
+sinks, `triton`: `auto_fallback_name`, with one warning); on the CPU, `cpu` (the in-place paged kernels, or their torch fallback
 when the extension cannot be built). An explicit name that cannot run where it is asked to
 (`flashinfer` on the CPU, a package that is not installed, `triton` on the CPU without
 Triton's interpreter) is refused with one line saying why: `sluice serve` checks it while
@@ -53,6 +54,15 @@ def resolve_backend_name(name: str, device: str | torch.device) -> str:
         return "torch"
     # the CPU gets its in-place paged kernels (a compiled extension, or their torch fallback)
     return "cpu" if torch.device(device).type == "cpu" else "torch"
+
+
+def auto_fallback_name(name: str, device: str | torch.device) -> str | None:
+    """What `auto` falls back to when the backend it chose cannot run a model's attention
+    (FlashInfer: one plan serves all layers, so no per-layer windows, sinks or soft-caps):
+    Triton on CUDA (torch without it); None when there is nothing to fall back from."""
+    if name != "auto" or resolve_backend_name(name, device) != "flashinfer":
+        return None
+    return "triton" if _imports("triton") else "torch"
 
 
 def create_attention_backend(

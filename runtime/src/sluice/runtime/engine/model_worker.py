@@ -59,6 +59,7 @@ from sluice.runtime.engine.step_inputs import (
 )
 from sluice.runtime.engine.worker_setup import (
     attention_backend,
+    fallback_backend,
     pool_layout,
     set_torch_threads,
 )
@@ -97,8 +98,9 @@ class ModelWorker:
         # batch-invariant backend
         self.padded_rows = isinstance(backend, BatchInvariantAttentionBackend)
         self.model, self.model_config = load_model(
-            Path(model_path), self.device, self.dtype, backend, tp
-        )
+            Path(model_path), self.device, self.dtype, backend, tp,
+            fallback_backend(args, self.device),
+        )  # fmt: skip
         if (quantized := quantize_model(self.model, args.quantization)) > 0:
             logger.info("quantization %s: %d linear layers", args.quantization, quantized)
         if self.device.startswith("cuda") and args.enable_deterministic_inference:

@@ -4,6 +4,7 @@ torch threads, which attention backend, and how big the KV pool and the context 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +12,7 @@ import torch
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import BatchInvariantAttentionBackend
 from sluice.runtime.attention.cpu_backend import CpuAttentionBackend
-from sluice.runtime.attention.registry import create_model_backend
+from sluice.runtime.attention.registry import auto_fallback_name, create_model_backend
 from sluice.runtime.distributed.group import TensorParallelGroup
 from sluice.runtime.engine.config import EngineConfig
 from sluice.runtime.kernels import cpu_extension
@@ -73,6 +74,14 @@ def row_invariant_kernels(device: str, dtype: torch.dtype) -> bool:
     linear and attention kernels, in which a token's every sum has one order whatever else
     its forward holds (`kernels/csrc/linear.cpp`, `paged_attention.cpp`)."""
     return device == "cpu" and dtype == torch.bfloat16
+
+
+def fallback_backend(args: EngineConfig, device: str) -> Callable[[], AttentionBackend] | None:
+    """The backend to build instead when the one `auto` chose cannot run the model."""
+    name = auto_fallback_name(args.attention_backend, device)
+    if name is None or args.enable_deterministic_inference:
+        return None
+    return lambda: create_model_backend(name, device, page_size=args.page_size)
 
 
 def attention_backend(args: EngineConfig, device: str, dtype: torch.dtype) -> AttentionBackend:

@@ -282,9 +282,12 @@ def load_model(
     dtype: torch.dtype,
     attention_backend: str | AttentionBackend = "auto",
     tp: TensorParallelGroup = SINGLE_RANK,
+    fallback: Callable[[], AttentionBackend] | None = None,
 ) -> tuple[CausalLM, ModelConfig]:
     """Build the model for the folder's architecture and load its safetensors weights (with
-    tensor parallelism, this rank's shard: it reads only its slices)."""
+    tensor parallelism, this rank's shard: it reads only its slices). `fallback`: the
+    backend to build instead when the one given cannot run this model's attention (the
+    backend `auto` chose; one warning says so), else that is an error."""
     path = Path(path)
     config = read_model_config(path)
     architecture = architecture_for(config)
@@ -297,6 +300,15 @@ def load_model(
     model = model_class(
         config, backend, device=device, dtype=dtype, tp=tp, architecture=architecture
     )
+    problem = backend_problem_for(model, backend)
+    if problem is not None and fallback is not None:
+        del model  # its parameters are empty: nothing was read yet
+        backend = fallback()
+        chosen = type(getattr(backend, "decode", backend)).__name__  # inside SplitBatchAttention
+        logger.warning("attention backend: %s instead (%s)", chosen, problem)
+        model = model_class(
+            config, backend, device=device, dtype=dtype, tp=tp, architecture=architecture
+        )
     check_backend_supports(model, backend)
     plan = model.shard.read if tp.size > 1 else None
     model.load_weights(iter_safetensors(path, device, plan, architecture.checkpoint_name))
@@ -304,15 +316,23 @@ def load_model(
     return model, config
 
 
-def check_backend_supports(model: torch.nn.Module, backend: AttentionBackend) -> None:
-    """Refuse, with the backend's reason, a model whose layers ask for attention options
-    (`LayerAttention`: windows, sinks, soft-caps) the backend does not implement."""
+def backend_problem_for(model: torch.nn.Module, backend: AttentionBackend) -> str | None:
+    """Why `backend` cannot run the model's attention (a layer's `LayerAttention` asks for a
+    window, sinks or a soft-cap it does not implement), or None."""
     for name, module in model.named_modules():
         options = getattr(module, "options", None)
         if isinstance(options, LayerAttention):
             problem = backend.unsupported(options)
             if problem is not None:
-                raise ValueError(f"{type(model).__name__} ({name}): {problem}")
+                return f"{type(model).__name__} ({name}): {problem}"
+    return None
+
+
+def check_backend_supports(model: torch.nn.Module, backend: AttentionBackend) -> None:
+    """Refuse, with the backend's reason, a model `backend_problem_for` finds a problem in."""
+    problem = backend_problem_for(model, backend)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def load_tokenizer(path: Path) -> Any:
