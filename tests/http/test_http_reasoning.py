@@ -179,6 +179,13 @@ def test_a_template_that_opens_the_think_block_puts_the_reply_in_reasoning(qwen3
     assert r.output[0].content[0].text == "Let me think.\n" and r.output_text == "Paris."
 
 
+def test_deepseek_r1_is_the_same_split(qwen3_tokenizer):
+    qwen3_tokenizer.chat_template = OPENING_TEMPLATE  # R1's template opens <think> too
+    client, _, _ = make_client(qwen3_tokenizer, ["Hmm.", "</think>", "Done."], reasoning="deepseek_r1")
+    message = client.chat.completions.create(model=MODEL, messages=MESSAGES).choices[0].message
+    assert (message.reasoning_content, message.content) == ("Hmm.", "Done.")
+
+
 def test_a_reply_to_a_template_without_the_open_block_stays_content(qwen3_tokenizer):
     client, _, _ = make_client(qwen3_tokenizer, ["Paris", "."])
     message = client.chat.completions.create(model=MODEL, messages=MESSAGES).choices[0].message

@@ -157,7 +157,8 @@ class ServerArgs:
     )
     reasoning_parser: str = option(
         "", "How a reasoning model's thinking is separated from its answer in chat replies "
-        "(qwen3: <think>...</think> into reasoning_content; empty: none, all text is content).",
+        "(qwen3, deepseek_r1: <think>...</think> into reasoning_content, also when the chat "
+        "template opens the block; empty: none, all text is content).",
         ("", *REASONING_PARSERS),
     )
     max_top_logprobs: int = option(20, "Largest top_logprobs / logprobs k a request may ask.")
