@@ -164,7 +164,7 @@ def test_gemma2_scale_and_soft_caps_are_read_once_into_the_config() -> None:
     assert gemma2.final_logit_softcap == 30.0
     gemma3 = config(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
                     hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None)  # fmt: skip
-    assert gemma3.attention_scale == 16**-0.5  # no query_pre_attn_scalar: head_dim
+    assert gemma3.attention_scale == 256**-0.5  # no query_pre_attn_scalar: transformers' 256
     assert gemma3.attention_softcap is None and gemma3.final_logit_softcap is None
     assert config().attention_scale is None  # Llama: the backend's own scale
 
