@@ -150,3 +150,15 @@ def test_the_recorder_sees_the_transfers_that_wait():
         staged = stage.upload("cpu")
         device_t[staged["a"]]  # device index: no copy
     assert rec.events == [], rec.counts()
+
+
+def test_a_decode_step_with_top_logprobs_waits_for_nothing(worker):
+    """The chosen token's logprob and the top-k alternatives stay on the device until the
+    tokens are collected."""
+    with_logprobs = [SamplingParams(temperature=0.0, logprobs=True, top_logprobs_num=5),
+                     SamplingParams(temperature=0.7, logprobs=True)]  # fmt: skip
+    _prefilled(worker, with_logprobs)
+    fi = ForwardInput([_decode(r, len(PROMPT)) for r in range(2)],
+                      [_sampling(p, r) for r, p in enumerate(with_logprobs)])  # fmt: skip
+    rec = _step_syncs(worker, fi)
+    assert rec.events == [], rec.counts()
