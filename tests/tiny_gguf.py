@@ -3,8 +3,9 @@ lays it out (gguf-py's own tensor-name map and metadata keys), unquantized (F32)
 can serve the GGUF and hold it to transformers' own GGUF loader.
 
 Families: Qwen3 (`qwen3`), Qwen3-MoE (`qwen3moe`: each layer's experts stacked into one
-tensor per projection) and Gemma 3 (`gemma3`: RMSNorm gains written as `1 + w`, as
-llama.cpp stores Gemma's norms). The tokenizer goes in as llama.cpp's `gpt2` BPE (tokens,
+tensor per projection), Gemma 3 (`gemma3`: RMSNorm gains written as `1 + w`, as llama.cpp
+stores Gemma's norms) and Mixtral (llama.cpp's `llama` with `expert_count`: q and k
+permuted as its converter permutes them, experts stacked). The tokenizer goes in as llama.cpp's `gpt2` BPE (tokens,
 merges, token types) with the chat template.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-ARCH = {"qwen3": "QWEN3", "qwen3_moe": "QWEN3MOE", "gemma3_text": "GEMMA3"}
+ARCH = {"qwen3": "QWEN3", "qwen3_moe": "QWEN3MOE", "gemma3_text": "GEMMA3", "mixtral": "LLAMA"}
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -37,6 +38,8 @@ def write_gguf(folder: Path, out: Path) -> Path:
     tensors = load_file(str(folder / "model.safetensors"))
     if model_type == "qwen3_moe":
         tensors = _stack_experts(tensors, config)
+    if model_type == "mixtral":
+        tensors = _mixtral_layout(tensors, config)
     for name, tensor in tensors.items():
         base, _, suffix = name.rpartition(".")
         mapped = names.get_name(base)
@@ -60,8 +63,9 @@ def _metadata(writer: Any, config: dict[str, Any], model_type: str) -> None:
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_key_length(config["head_dim"])
-    writer.add_value_length(config["head_dim"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     rope = config.get("rope_parameters") or {}
     if model_type == "gemma3_text":
@@ -69,10 +73,11 @@ def _metadata(writer: Any, config: dict[str, Any], model_type: str) -> None:
         writer.add_sliding_window(config["sliding_window"])
     else:
         writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
-    if model_type == "qwen3_moe":
+    if model_type in ("qwen3_moe", "mixtral"):
         writer.add_expert_count(config.get("num_experts") or config["num_local_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])
-        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        if "moe_intermediate_size" in config:
+            writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     writer.add_file_type(0)  # all F32
 
 
@@ -124,4 +129,30 @@ def _stack_experts(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> 
             out[f"{prefix}.gate_proj.weight"] = gate_up[:, :width]
             out[f"{prefix}.up_proj.weight"] = gate_up[:, width:]
             out[f"{prefix}.down_proj.weight"] = tensors[f"{prefix}.down_proj"]
+    return out
+
+
+def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter's q/k permutation (rotary halves interleaved)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _mixtral_layout(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """q/k permuted; each layer's experts stacked under the names gguf-py maps to
+    `ffn_*_exps` (`block_sparse_moe.experts.w1/w3/w2`)."""
+    out: dict[str, torch.Tensor] = {}
+    experts = config["num_local_experts"]
+    for name, tensor in tensors.items():
+        if name.endswith("q_proj.weight"):
+            out[name] = _permute(tensor, config["num_attention_heads"])
+        elif name.endswith("k_proj.weight"):
+            out[name] = _permute(tensor, config["num_key_value_heads"])
+        elif ".experts." not in name:
+            out[name] = tensor
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}.block_sparse_moe.experts"
+        for w in ("w1", "w2", "w3"):
+            out[f"{prefix}.{w}.weight"] = torch.stack(
+                [tensors[f"{prefix}.{e}.{w}.weight"] for e in range(experts)]
+            )
     return out

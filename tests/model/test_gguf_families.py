@@ -15,7 +15,7 @@ import pytest
 import torch
 from model_harness import PagedRunner, assert_logits_close, assert_same_greedy_tokens, prompt
 from tiny_gguf import write_gguf
-from tiny_model import make_tiny_qwen3, make_tiny_qwen3_moe
+from tiny_model import make_tiny_mixtral, make_tiny_qwen3, make_tiny_qwen3_moe
 from tiny_windowed import make_tiny_windowed
 
 from sluice.runtime.attention.registry import create_model_backend
@@ -28,6 +28,8 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 def _make(family: str, folder: Path) -> Path:
     if family == "qwen3":
         return make_tiny_qwen3(folder)
+    if family == "mixtral":
+        return make_tiny_mixtral(folder)
     if family == "qwen3_moe":  # llama.cpp's qwen3moe: no dense layers, top-k weights renormed
         return make_tiny_qwen3_moe(folder, mlp_only_layers=[], norm_topk_prob=True)
     # Gemma 3 as llama.cpp knows it: a global layer every sixth, queries scaled by head_dim
@@ -63,3 +65,23 @@ def test_a_gguf_serves_what_transformers_gguf_loader_computes(tmp_path, family):
             original, dtype=torch.float32, attn_implementation="eager"
         ).eval()
         assert_logits_close(logits, source(torch.tensor([ids])).logits[0].float())
+
+
+def test_a_mixtral_gguf_serves_the_model_it_was_written_from(tmp_path):
+    """transformers' reader does not map Mixtral GGUFs (llama.cpp's `llama` with experts):
+    the oracle is the model the file was written from."""
+    from transformers import AutoModelForCausalLM
+
+    original = _make("mixtral", tmp_path / "hf")
+    folder = convert_gguf(write_gguf(original, tmp_path / "mixtral.gguf"), tmp_path / "cache")
+    ours, config = load_model(folder, "cpu", torch.float32, create_model_backend("torch", "cpu"))
+    assert config.architectures == ("MixtralForCausalLM",)
+    ids = prompt(60, seed=11, vocab=config.vocab_size)
+    logits = PagedRunner(ours, page_size=16, num_pages=32, max_context=512).extend(
+        [(0, ids)], return_all_logits=True
+    )
+    source = AutoModelForCausalLM.from_pretrained(original, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        expected = source(torch.tensor([ids])).logits[0].float()
+    assert_logits_close(logits, expected)
+    assert_same_greedy_tokens(logits, expected)

@@ -34,6 +34,7 @@ from sluice.runtime.attention.registry import create_attention_backend
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
+from sluice.runtime.model.gguf_mixtral import expert_count, mixtral_config, mixtral_tensors
 from sluice.runtime.model.registry import architecture_for, read_model_config
 from sluice.runtime.model.sharding import WHOLE, TensorRead
 
@@ -166,6 +167,7 @@ def _write_hf_folder(gguf_path: Path, out: Path) -> None:
     Uses the same reader `AutoModelForCausalLM.from_pretrained(gguf_file=...)` uses
     internally, minus the `accelerate` requirement that transformers puts on that path.
     """
+    import gguf
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -174,15 +176,21 @@ def _write_hf_folder(gguf_path: Path, out: Path) -> None:
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     for key, value in gguf_config_fixes(gguf_path, config).items():
         setattr(config, key, value)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)  # only for the tensor-name map
-    parsed = load_gguf_checkpoint(
-        str(gguf_path), return_tensors=True, model_to_load=skeleton, torch_dtype=torch.float32
-    )
-    tensors = per_expert_tensors(
-        {name: tensor.contiguous() for name, tensor in parsed["tensors"].items()}
-    )
-    config.architectures = [type(skeleton).__name__]
+    reader = gguf.GGUFReader(str(gguf_path))
+    if config.model_type == "llama" and expert_count(reader):  # Mixtral: read here
+        config = mixtral_config(config, reader)
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        tensors = mixtral_tensors(gguf_path, heads, kv_heads)
+    else:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)  # only for the tensor-name map
+        parsed = load_gguf_checkpoint(
+            str(gguf_path), return_tensors=True, model_to_load=skeleton, torch_dtype=torch.float32
+        )
+        tensors = per_expert_tensors(
+            {name: tensor.contiguous() for name, tensor in parsed["tensors"].items()}
+        )
+        config.architectures = [type(skeleton).__name__]
     config.dtype = torch.float32  # what the dequantised weights are
     config.tie_word_embeddings = "lm_head.weight" not in tensors
 
