@@ -4,6 +4,10 @@ stream executor calls them) is counted by tests/sync_recorder.py, a CUDA stand-i
 CPU. The reading of the sampled tokens (`collect`) is the one wait by design and is not
 part of the step.
 
+Covered: greedy and sampled decode steps, a mixed prefill/decode step, logprobs with top-k
+alternatives, and a step of LoRA adapter rows beside base-model rows (the experts of MoE
+layers: tests/model/test_expert_syncs.py).
+
 The attention backend runs paused (the torch reference backend is not the GPU's; the
 FlashInfer backend's metadata is counted in tests/attention/test_flashinfer_plan_syncs.py,
 Triton's has no host read by construction).
@@ -161,4 +165,34 @@ def test_a_decode_step_with_top_logprobs_waits_for_nothing(worker):
     fi = ForwardInput([_decode(r, len(PROMPT)) for r in range(2)],
                       [_sampling(p, r) for r, p in enumerate(with_logprobs)])  # fmt: skip
     rec = _step_syncs(worker, fi)
+    assert rec.events == [], rec.counts()
+
+
+@pytest.fixture(scope="module")
+def lora_worker(tiny_llama_path: Path, tmp_path_factory) -> tuple[ModelWorker, list[SyncRecorder | None]]:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from lora_adapters import make_adapter
+
+    adapter = make_adapter(tiny_llama_path, tmp_path_factory.mktemp("adapter") / "a", rank=4)
+    args = dataclasses.replace(
+        ServerArgs(model=str(tiny_llama_path)), device="cpu", dtype="float32",
+        attention_backend="torch", max_total_tokens=1024, max_running_requests=8,
+        enable_lora=True, lora_modules=(f"a={adapter}",),
+    )  # fmt: skip
+    w = ModelWorker(args, tiny_llama_path)
+    current: list[SyncRecorder | None] = [None]
+    w.model.attn_backend = _PausedBackend(w.model.attn_backend, current)
+    return w, current
+
+
+def test_a_decode_step_of_adapter_and_base_rows_waits_for_nothing(lora_worker):
+    """The batch's adapter segments are built on the host and uploaded without a wait."""
+    w, _ = lora_worker
+    rows = [dataclasses.replace(_prefill(r), lora=1 if r % 2 else 0) for r in range(ROWS)]
+    w.run(ForwardInput(rows, [_sampling(GREEDY, r) for r in range(ROWS)]))
+    decode = [dataclasses.replace(_decode(r, len(PROMPT)), lora=1 if r % 2 else 0) for r in range(ROWS)]
+    fi = ForwardInput(decode, [_sampling(GREEDY, r) for r in range(ROWS)])
+    rec = _step_syncs(lora_worker, fi)
     assert rec.events == [], rec.counts()

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sluice.runtime.memory.staging import Staging
+
 
 @dataclass(frozen=True)
 class Segments:
@@ -65,19 +67,24 @@ def build_segments(
     by_slot: dict[int, list[int]] = {}
     for s, n, slot in zip(starts, lens, slots, strict=True):
         by_slot.setdefault(slot, []).extend(range(s, s + n))
+    if not slots:
+        return Segments(starts, lens, slots, [])
+    # every host value in one staged copy (pinned, non-blocking: the host never waits)
+    stage = Staging()
+    stage.add("starts", starts, torch.int32)
+    stage.add("lens", lens, torch.int32)
+    stage.add("slots", slots, torch.int32)
+    for slot, idx in by_slot.items():
+        if idx[-1] - idx[0] + 1 != len(idx):
+            stage.add(f"idx{slot}", idx)
+    staged = stage.upload(device)
     groups: list[tuple[int, int, torch.Tensor | slice]] = []
     for slot, idx in by_slot.items():
         if idx[-1] - idx[0] + 1 == len(idx):  # one contiguous run: a slice, no gather
             groups.append((slot, ranks[slot], slice(idx[0], idx[-1] + 1)))
         else:
-            groups.append((slot, ranks[slot], torch.tensor(idx, dtype=torch.int64).to(device)))
-    if not slots:
-        return Segments(starts, lens, slots, groups)
-
-    def dev(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32).to(device, non_blocking=True)
-
-    return Segments(starts, lens, slots, groups, dev(starts), dev(lens), dev(slots))
+            groups.append((slot, ranks[slot], staged[f"idx{slot}"]))
+    return Segments(starts, lens, slots, groups, staged["starts"], staged["lens"], staged["slots"])
 
 
 def lora_torch(
