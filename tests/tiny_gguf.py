@@ -57,6 +57,8 @@ def write_gguf(folder: Path, out: Path) -> Path:
 
 
 def _metadata(writer: Any, config: dict[str, Any], model_type: str) -> None:
+    import gguf
+
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_block_count(config["num_hidden_layers"])
@@ -69,8 +71,12 @@ def _metadata(writer: Any, config: dict[str, Any], model_type: str) -> None:
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     rope = config.get("rope_parameters") or {}
     if model_type == "gemma3_text":
-        writer.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+        full = rope["full_attention"]
+        writer.add_rope_freq_base(full["rope_theta"])
         writer.add_sliding_window(config["sliding_window"])
+        if full.get("rope_type", "default") != "default":  # Gemma 3 4B+: linear x8
+            writer.add_rope_scaling_type(gguf.RopeScalingType(full["rope_type"]))
+            writer.add_rope_scaling_factor(full["factor"])
     else:
         writer.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
     if model_type in ("qwen3_moe", "mixtral"):

@@ -103,11 +103,13 @@ def make_tiny_windowed(
     return path
 
 
-def make_tiny_gemma3_multimodal(path: Path, seed: int = 0, transformers4_names: bool = False) -> Path:
+def make_tiny_gemma3_multimodal(path: Path, seed: int = 0, transformers5_names: bool = False) -> Path:
     """A random tiny Gemma3ForConditionalGeneration (the language model of `_config
     ("gemma3")` beside a tiny SigLIP vision tower), config.json as published (a sparse
-    `text_config`). `transformers4_names`: the weights under `language_model.model.*` and
-    `vision_tower.*`, as the published 4B/12B/27B safetensors name them."""
+    `text_config`), the weights under `language_model.model.*` and `vision_tower.*` as the
+    published 4B/12B/27B safetensors name them (and transformers saves them);
+    `transformers5_names`: under transformers 5's module names instead
+    (`model.language_model.*`, `model.vision_tower.*`, `lm_head.*`)."""
     import json
 
     from safetensors.torch import load_file, save_file
@@ -130,13 +132,14 @@ def make_tiny_gemma3_multimodal(path: Path, seed: int = 0, transformers4_names: 
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
-    if transformers4_names:
-        weights = load_file(str(path / "model.safetensors"))
+    weights = load_file(str(path / "model.safetensors"))
+    assert any(k.startswith("language_model.model.") for k in weights), "saved names changed"
+    if transformers5_names:
         renamed = {
-            k.replace("model.language_model.", "language_model.model.")
-            .replace("model.vision_tower.", "vision_tower.")
-            .replace("model.multi_modal_projector.", "multi_modal_projector.")
-            .replace("lm_head.", "language_model.lm_head."): v
+            k.replace("language_model.model.", "model.language_model.")
+            .replace("language_model.lm_head.", "lm_head.")
+            .replace("vision_tower.", "model.vision_tower.")
+            .replace("multi_modal_projector.", "model.multi_modal_projector."): v
             for k, v in weights.items()
         }  # fmt: skip
         save_file(renamed, str(path / "model.safetensors"), metadata={"format": "pt"})

@@ -190,3 +190,13 @@ def test_a_reply_to_a_template_without_the_open_block_stays_content(qwen3_tokeni
     client, _, _ = make_client(qwen3_tokenizer, ["Paris", "."])
     message = client.chat.completions.create(model=MODEL, messages=MESSAGES).choices[0].message
     assert not message.reasoning_content and message.content == "Paris."
+
+
+@pytest.mark.parametrize("pieces", [["<think>\nabc</think>\n\nhi"], ["<th", "ink>", "\nabc</think>hi"]])
+def test_a_think_tag_repeated_after_the_templates_own_is_dropped(pieces):
+    from sluice.runtime.entrypoints.reasoning import ReasoningSplitter
+
+    splitter = ReasoningSplitter.starting(True)
+    parts = [splitter.feed(p) for p in pieces] + [splitter.finish()]
+    assert "".join(p.reasoning for p in parts) == "abc"
+    assert "".join(p.content for p in parts) == "hi"

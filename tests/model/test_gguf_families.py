@@ -19,7 +19,7 @@ from tiny_model import make_tiny_mixtral, make_tiny_qwen3, make_tiny_qwen3_moe
 from tiny_windowed import make_tiny_windowed
 
 from sluice.runtime.attention.registry import create_model_backend
-from sluice.runtime.model.loader import convert_gguf, load_model
+from sluice.runtime.model.loader import convert_gguf, gguf_config_fixes, load_model
 
 pytest.importorskip("gguf")
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -32,9 +32,12 @@ def _make(family: str, folder: Path) -> Path:
         return make_tiny_mixtral(folder)
     if family == "qwen3_moe":  # llama.cpp's qwen3moe: no dense layers, top-k weights renormed
         return make_tiny_qwen3_moe(folder, mlp_only_layers=[], norm_topk_prob=True)
-    # Gemma 3 as llama.cpp knows it: a global layer every sixth, queries scaled by head_dim
+    # Gemma 3 as llama.cpp knows it: a global layer every sixth, queries scaled by head_dim;
+    # the global layers' RoPE scaled linearly, as Gemma 3 4B/12B/27B's
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
     return make_tiny_windowed(folder, "gemma3", num_hidden_layers=6, query_pre_attn_scalar=32,
-                              layer_types=[SLIDING] * 5 + [FULL])  # fmt: skip
+                              layer_types=[SLIDING] * 5 + [FULL], rope_parameters=rope)  # fmt: skip
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "gemma3"])
@@ -85,3 +88,24 @@ def test_a_mixtral_gguf_serves_the_model_it_was_written_from(tmp_path):
         expected = source(torch.tensor([ids])).logits[0].float()
     assert_logits_close(logits, expected)
     assert_same_greedy_tokens(logits, expected)
+
+
+@pytest.mark.parametrize("arch, layers, scale", [("gemma2", 46, 144), ("gemma2", 26, 256),
+                                                 ("gemma3", 62, 168), ("gemma3", 34, 256)])
+def test_a_gemma_ggufs_query_scale_is_llama_cpps(tmp_path, arch, layers, scale):
+    """GGUF has no query_pre_attn_scalar: llama.cpp scales by head_dim, but the 27Bs by
+    hidden / heads (Gemma 2 27B: 4608 / 32, Gemma 3 27B: 5376 / 32)."""
+    import gguf
+    from transformers import Gemma2Config
+
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), arch)
+    hidden = 4608 if arch == "gemma2" else 5376
+    writer.add_block_count(layers)
+    writer.add_embedding_length(hidden)
+    writer.add_head_count(32)
+    writer.add_key_length(256 if layers not in (46, 62) else 128)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    fixes = gguf_config_fixes(tmp_path / "m.gguf", Gemma2Config())
+    assert fixes["query_pre_attn_scalar"] == scale

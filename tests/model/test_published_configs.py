@@ -165,6 +165,10 @@ def test_a_published_config_reads_as_transformers_reads_it(name: str) -> None:
     architecture_for(ours)  # served
 
 
+def test_gemma_3_4b_keeps_the_wrappers_end_of_turn_id() -> None:
+    assert model_config(GEMMA_3_4B).eos_token_ids == (1, 106)
+
+
 def test_gemma_3_1b_has_a_global_layer_every_sixth() -> None:
     types = model_config(GEMMA_3_1B).layer_types
     assert [i for i, t in enumerate(types) if t == FULL] == [5, 11, 17, 23]

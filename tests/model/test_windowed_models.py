@@ -85,18 +85,20 @@ def test_a_published_shaped_config_without_layer_types_matches_hf(tmp_path, fami
     assert_same_greedy_tokens(logits, reference)
 
 
-@pytest.mark.parametrize("transformers4_names", [False, True])
-def test_gemma3_for_conditional_generation_is_served_as_text(tmp_path, transformers4_names):
+@pytest.mark.parametrize("transformers5_names", [False, True])
+def test_gemma3_for_conditional_generation_is_served_as_text(tmp_path, transformers5_names):
     """Gemma 3 4B/12B/27B's architecture: the language model's weights (under either
     transformers' names), the vision tower skipped; equal to transformers' multimodal
     model on text."""
     from transformers import Gemma3ForConditionalGeneration
 
-    folder = make_tiny_gemma3_multimodal(tmp_path / "mm", transformers4_names=transformers4_names)
+    folder = make_tiny_gemma3_multimodal(tmp_path / "mm", transformers5_names=transformers5_names)
     model = ours(folder, "torch")
     ids = prompt(70, seed=5, vocab=model.config.vocab_size - 3)  # no image/boi/eoi tokens
     logits = runner(model).extend([(0, ids)], return_all_logits=True)
-    hf = Gemma3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32,
+    reference_folder = folder if not transformers5_names else make_tiny_gemma3_multimodal(
+        tmp_path / "mm-reference")  # the same weights under the names transformers reads
+    hf = Gemma3ForConditionalGeneration.from_pretrained(reference_folder, dtype=torch.float32,
                                                         attn_implementation="eager").eval()  # fmt: skip
     reference = hf_logits(hf, ids)
     assert_logits_close(logits, reference)

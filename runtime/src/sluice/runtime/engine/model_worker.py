@@ -31,7 +31,7 @@ import torch
 
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
-from sluice.runtime.attention.registry import resolve_backend_name
+from sluice.runtime.attention.registry import auto_fallback_name, resolve_backend_name
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.engine.adapters import create_lora_manager
 from sluice.runtime.engine.config import EngineConfig
@@ -101,6 +101,15 @@ class ModelWorker:
             Path(model_path), self.device, self.dtype, backend, tp,
             fallback_backend(args, self.device),
         )  # fmt: skip
+        # `auto`'s fallback, when the backend it chose could not run the model: the one it
+        # chose goes (its workspaces too, before the KV pool is sized from free memory)
+        self.fallback_name: str | None = None
+        if self.model.attn_backend is not backend:
+            del backend
+            backend = self.model.attn_backend
+            self.fallback_name = auto_fallback_name(args.attention_backend, self.device)
+            if self.device.startswith("cuda"):
+                torch.cuda.empty_cache()
         if (quantized := quantize_model(self.model, args.quantization)) > 0:
             logger.info("quantization %s: %d linear layers", args.quantization, quantized)
         if self.device.startswith("cuda") and args.enable_deterministic_inference:
@@ -160,6 +169,8 @@ class ModelWorker:
             return "batch-invariant"
         if self.config.enable_deterministic_inference:
             return "cpu"
+        if self.fallback_name is not None:
+            return self.fallback_name
         return resolve_backend_name(self.config.attention_backend, self.device)
 
     @property

@@ -77,8 +77,13 @@ class ReasoningSplitter:
             else:  # no think block: all content
                 self.state = "content"
         if self.state == "reasoning":
-            if self.strip_leading:
+            if self.strip_leading:  # opened by the prompt: a repeated <think> is dropped
                 text = text.lstrip("\n")
+                if THINK_OPEN.startswith(text) and text != THINK_OPEN:  # maybe "<think>"
+                    self.held = text
+                    return ReasoningSplit("", "")
+                if text.startswith(THINK_OPEN):
+                    text = text[len(THINK_OPEN) :].lstrip("\n")
                 self.strip_leading = not text
             end = text.find(THINK_CLOSE)
             if end >= 0:

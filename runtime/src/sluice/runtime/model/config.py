@@ -205,8 +205,14 @@ def _text_config(raw: dict[str, Any]) -> dict[str, Any]:
     text = raw.get("text_config")
     if isinstance(text, dict) and "hidden_size" not in raw:
         model_type = TEXT_MODEL_TYPES.get(str(raw.get("model_type", "")))
-        raw = {"model_type": model_type, **text, "architectures": raw.get("architectures")}
+        # the wrapper's token ids and dtype hold for its language model (Gemma 3 4B lists
+        # its end-of-turn id only at the top)
+        outer = {k: raw[k] for k in _WRAPPER_FIELDS if raw.get(k) is not None}
+        raw = {"model_type": model_type, **outer, **text, "architectures": raw.get("architectures")}
     return with_defaults(raw)
+
+
+_WRAPPER_FIELDS = ("eos_token_id", "bos_token_id", "pad_token_id", "torch_dtype", "dtype")
 
 
 def _as_ids(value: Any) -> list[int]:

@@ -37,6 +37,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
         "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
         "tie_word_embeddings": False, "sliding_window": 128, "attention_bias": True,
+        "num_local_experts": 128, "num_experts_per_tok": 4,
     },
 }  # fmt: skip
 

@@ -10,8 +10,10 @@
 - MXFP4 expert weights (the released checkpoints' `*_blocks` / `*_scales` pairs: two FP4
   values a byte, one power-of-two scale per 32) are dequantized at load to the model's dtype.
 
-The experts run here as a loop over the experts a batch routes to (gathered rows, two
-matmuls each); tensor parallelism is refused (expert sharding is not built).
+The experts run as the other MoE layers' do: the (token, choice) pairs sorted by expert,
+then two grouped GEMMs (`torch._grouped_mm`) with the experts' biases, no host sync; one
+GEMM per active expert where `_grouped_mm` lacks the dtype. Tensor parallelism is refused
+(expert sharding is not built).
 """
 
 from __future__ import annotations

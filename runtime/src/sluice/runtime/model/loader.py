@@ -187,9 +187,9 @@ def _write_hf_folder(gguf_path: Path, out: Path) -> None:
         parsed = load_gguf_checkpoint(
             str(gguf_path), return_tensors=True, model_to_load=skeleton, torch_dtype=torch.float32
         )
-        tensors = per_expert_tensors(
-            {name: tensor.contiguous() for name, tensor in parsed["tensors"].items()}
-        )
+        tensors = {name: tensor.contiguous() for name, tensor in parsed["tensors"].items()}
+        if config.model_type in FUSED_EXPERT_TYPES:
+            tensors = per_expert_tensors(tensors)
         config.architectures = [type(skeleton).__name__]
     config.dtype = torch.float32  # what the dequantised weights are
     config.tie_word_embeddings = "lm_head.weight" not in tensors
@@ -213,6 +213,9 @@ def _write_hf_folder(gguf_path: Path, out: Path) -> None:
     )
 
 
+# the families whose transformers 5 expert tensors are gate-then-up along dim 1 (gpt-oss
+# interleaves them, and transformers' reader gives its experts apart already)
+FUSED_EXPERT_TYPES = ("qwen2_moe", "qwen3_moe")
 _FUSED_EXPERTS = re.compile(r"^(?P<prefix>.+\.mlp\.experts)\.(?P<which>gate_up_proj|down_proj)$")
 
 
@@ -266,13 +269,26 @@ def gguf_config_fixes(gguf_path: Path, config: Any) -> dict[str, Any]:
         for name in fields if value is not None else ():
             if hasattr(config, name) and getattr(config, name) != value:
                 fixes[name] = value
-    if arch == "gemma3" and (head_dim := number("attention.key_length")) is not None:
+    if arch in _GEMMA_WIDE_QUERY_SCALE and (head_dim := number("attention.key_length")) is not None:
         # GGUF carries no query_pre_attn_scalar; llama.cpp scales by head_dim, except for
-        # the 62-layer 27B (hidden / heads: its config's 168)
+        # the 27Bs (hidden / heads: Gemma 2's 144, Gemma 3's 168)
         heads = number("attention.head_count") or 1
-        wide = number("block_count") == 62
+        wide = number("block_count") == _GEMMA_WIDE_QUERY_SCALE[arch]
         fixes["query_pre_attn_scalar"] = (number("embedding_length") or 0) // heads if wide else head_dim
+    if arch == "gemma3" and (kind := reader.fields.get("gemma3.rope.scaling.type")) is not None:
+        # Gemma 3 4B/12B/27B scale their global layers' RoPE linearly (x8); transformers'
+        # reader keeps that only for gpt-oss
+        factor = reader.fields.get("gemma3.rope.scaling.factor")
+        params = dict(getattr(config, "rope_parameters", None) or {})
+        full = dict(params.get("full_attention") or {})
+        full.update(rope_type=str(kind.contents()), factor=float(factor.contents()) if factor else 1.0)
+        params["full_attention"] = full
+        fixes["rope_parameters"] = params
     return fixes
+
+
+# the block count of the 27B whose query scale is hidden / heads, per Gemma GGUF architecture
+_GEMMA_WIDE_QUERY_SCALE = {"gemma2": 46, "gemma3": 62}
 
 
 def _gguf_tokenizer_metadata(gguf_path: Path) -> dict[str, Any]:
@@ -380,7 +396,8 @@ def load_model(
         del model  # its parameters are empty: nothing was read yet
         backend = fallback()
         chosen = type(getattr(backend, "decode", backend)).__name__  # inside SplitBatchAttention
-        logger.warning("attention backend: %s instead (%s)", chosen, problem)
+        logger.warning("attention backend: %s instead of the one auto chose, which cannot run "
+                       "this model (%s)", chosen, problem)  # fmt: skip
         model = model_class(
             config, backend, device=device, dtype=dtype, tp=tp, architecture=architecture
         )
