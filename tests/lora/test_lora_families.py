@@ -19,7 +19,7 @@ import torch
 from lora_adapters import ALL_TARGETS, make_adapter
 from paged_model import PagedSession
 from tiny_model import make_tiny_mixtral, make_tiny_qwen3, make_tiny_qwen3_moe
-from tiny_windowed import make_tiny_windowed
+from tiny_windowed import make_tiny_gemma3_multimodal, make_tiny_windowed
 
 from sluice.runtime.forward import ForwardMode
 from sluice.runtime.lora.adapter import LoraAdapterError
@@ -37,6 +37,9 @@ MAKERS = {
     "gemma3": lambda p: make_tiny_windowed(p, "gemma3", seed=6),
     "gemma2": lambda p: make_tiny_windowed(p, "gemma2", seed=8),
     "qwen3": lambda p: make_tiny_qwen3(p, seed=7),
+    # Gemma 3 4B+'s form, served as text: PEFT adapts its vision tower's q/k/v/o too (those
+    # adapter weights do not apply to text and are skipped)
+    "gemma3_mm": lambda p: make_tiny_gemma3_multimodal(p / "mm", seed=9),
 }
 CASES = {
     "qwen3_moe-attention": ("qwen3_moe", ATTENTION),
@@ -45,6 +48,7 @@ CASES = {
     "gemma3-all": ("gemma3", ALL_TARGETS),
     "gemma2-all": ("gemma2", ALL_TARGETS),
     "qwen3-all": ("qwen3", ALL_TARGETS),
+    "gemma3_multimodal-attention": ("gemma3_mm", ATTENTION),
 }
 PROMPTS = [[5, 17, 33, 42, 9, 11, 60, 61], [100, 7, 3, 250, 31]]
 NEW = 6

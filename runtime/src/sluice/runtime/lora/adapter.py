@@ -164,6 +164,7 @@ def load_adapter(
         )  # fmt: skip
     tensors = _read_tensors(folder)
     out = LoraWeights(name, str(path), rank, scaling, base)
+    unused = 0
     for key, tensor in tensors.items():
         m = _KEY.match(key)
         if m is None:
@@ -171,7 +172,10 @@ def load_adapter(
                 f"tensor {key!r} is not a LoRA weight of a decoder projection (adapters on the "
                 "embedding or the LM head are not supported)"
             )
-        hf_module, which = m.group(1), m.group(2)
+        hf_module, which = layout.module_name(m.group(1)), m.group(2)
+        if hf_module is None:  # the vision tower of a model served as text
+            unused += 1
+            continue
         found = layout.find(hf_module)
         if found is None:
             raise LoraAdapterError(f"tensor {key!r}: {layout.no_slot(hf_module)}")
@@ -185,8 +189,11 @@ def load_adapter(
             )
         weights = out.a if which == "A" else out.b
         weights[(layer, projection.module)] = tensor.to(torch.float32)
+    if unused:
+        logger.info("adapter %s: %d tensors on modules the text model does not have (its "
+                    "vision tower) do not apply", name, unused)  # fmt: skip
     if not out.a:
-        raise LoraAdapterError(f"{folder} holds no LoRA weights")
+        raise LoraAdapterError(f"{folder} holds no LoRA weights for the served (text) model")
     if out.a.keys() != out.b.keys():
         lone = sorted(set(out.a) ^ set(out.b))
         raise LoraAdapterError(f"LoRA A and B weights do not pair up (e.g. layer/module {lone[0]})")

@@ -63,6 +63,17 @@ class LoraLayout:
 
     architecture: str
     layers: tuple[Mapping[str, LoraTarget], ...]
+    # a checkpoint name as the weight rules spell it, None for a module the model does not
+    # load (`Architecture.checkpoint_name`: a multimodal model's vision tower)
+    checkpoint_name: Callable[[str], str | None] | None = None
+
+    def module_name(self, hf_module: str) -> str | None:
+        """An adapter's module name as this layout knows it; None: a module the served
+        model does not have (its vision tower), whose adapter weights do not apply."""
+        if self.checkpoint_name is None:
+            return hf_module
+        renamed = self.checkpoint_name(f"{hf_module}.weight")
+        return None if renamed is None else renamed.removesuffix(".weight")
 
     @property
     def modules(self) -> tuple[str, ...]:
@@ -138,7 +149,7 @@ def lora_layout(
                 module, hf_weight, relative, start, size, fan_in, shard.read(hf_weight), shape
             )
         layers.append(targets)
-    return LoraLayout(architecture.names[0], tuple(layers))
+    return LoraLayout(architecture.names[0], tuple(layers), architecture.checkpoint_name)
 
 
 def model_lora_layout(model: CausalLM) -> LoraLayout:
