@@ -196,3 +196,25 @@ def test_a_decode_step_of_adapter_and_base_rows_waits_for_nothing(lora_worker):
     fi = ForwardInput(decode, [_sampling(GREEDY, r) for r in range(ROWS)])
     rec = _step_syncs(lora_worker, fi)
     assert rec.events == [], rec.counts()
+
+
+def test_a_decode_step_under_a_grammar_mask_waits_for_nothing(worker):
+    """The scheduler's token bitmask (pinned host memory) is copied without a wait and
+    applied to every sampled row."""
+    from sluice.runtime.constrained import allocate_token_bitmask
+
+    w, current = worker
+    _prefilled(worker, [GREEDY] * ROWS)
+    fi = ForwardInput([_decode(r, len(PROMPT)) for r in range(ROWS)],
+                      [_sampling(GREEDY, r) for r in range(ROWS)])  # fmt: skip
+    with recording() as rec:
+        mask = allocate_token_bitmask(ROWS, w.model.config.vocab_size)  # the scheduler's
+        mask[:, 0] = 0b1000  # every row may take token 3 only
+        mask[:, 1:] = 0
+        current[0] = rec
+        try:
+            sampled = w.sample(w.launch(fi), mask)
+        finally:
+            current[0] = None
+    assert rec.events == [], rec.counts()
+    assert w.collect(sampled).token_ids == [3] * ROWS

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from sluice.runtime.constrained.compiler import CompiledGrammar
+from sluice.runtime.memory import staging
 
 
 class GrammarMatcher:
@@ -65,10 +66,11 @@ class GrammarMatcher:
 
 
 def allocate_token_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
-    """An all-allowed CPU bitmask `[batch_size, ceil(vocab_size / 32)]` (int32)."""
-    import xgrammar as xgr
-
-    return xgr.allocate_token_bitmask(batch_size, vocab_size)
+    """An all-allowed host bitmask `[batch_size, ceil(vocab_size / 32)]` (int32), in pinned
+    memory where CUDA is, so its copy to the device does not wait."""
+    words = (vocab_size + 31) // 32
+    bitmask = staging.pinned_empty(batch_size * words, torch.int32).view(batch_size, words)
+    return bitmask.fill_(-1)
 
 
 def fill_token_bitmask(
@@ -84,20 +86,27 @@ def fill_token_bitmask(
     return rows
 
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
-    """Set the disallowed logits of `rows` to -inf, in place (logits `[B, V]`, any device).
+def apply_token_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | None = None
+) -> None:
+    """Set the disallowed logits of `rows` (None: every row, the bitmask's rows matching
+    the logits') to -inf, in place (logits `[B, V]`, any device).
 
     The model's V may differ from the grammar's vocabulary: columns the bitmask does not
-    cover are disallowed for constrained rows; bits past V are ignored.
+    cover are disallowed for constrained rows; bits past V are ignored. With every row and a
+    bitmask in pinned memory (`allocate_token_bitmask`) nothing here waits for the device.
     """
-    if not rows:
+    if rows is not None and not rows:
         return
     import xgrammar as xgr
 
     covered = bitmask.shape[-1] * 32
     width = logits.shape[-1]
     mask = bitmask.to(logits.device, non_blocking=True)
-    index: Any = list(rows)
+    index: Any = None if rows is None else list(rows)
     xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=min(width, covered), indices=index)
     if width > covered:
-        logits[torch.tensor(index, device=logits.device), covered:] = float("-inf")
+        if index is None:
+            logits[:, covered:] = float("-inf")
+        else:
+            logits[torch.tensor(index, device=logits.device), covered:] = float("-inf")

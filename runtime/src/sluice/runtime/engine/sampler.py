@@ -256,7 +256,7 @@ def sample(
         from sluice.runtime.constrained import apply_token_bitmask
 
         x = x.clone() if x is logits else x
-        apply_token_bitmask(x, vocab_mask, range(len(rows)))
+        apply_token_bitmask(x, vocab_mask)  # every row: the mask is over the sampled rows
     tokens = torch.argmax(x, dim=-1)
     if t.any_random:
         probs = warp(x, [r.params for r in rows], t).softmax(dim=-1)
