@@ -25,6 +25,7 @@ outputs are all-reduced before the post-norms.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -207,22 +208,18 @@ def language_model_name(name: str) -> str | None:
     return name
 
 
+GEMMA = Architecture(
+    names=("Gemma3ForCausalLM", "Gemma2ForCausalLM"),
+    model_types=("gemma3_text", "gemma2"),
+    decoder_layer=GemmaDecoderLayer,
+    weight_rules=GEMMA_RULES,
+    model_class=GemmaForCausalLM,
+    read_options=_read_options,
+)
 ARCHITECTURES = (
-    Architecture(
-        names=("Gemma3ForCausalLM", "Gemma2ForCausalLM"),
-        model_types=("gemma3_text", "gemma2"),
-        decoder_layer=GemmaDecoderLayer,
-        weight_rules=GEMMA_RULES,
-        model_class=GemmaForCausalLM,
-        read_options=_read_options,
-    ),
-    Architecture(
-        names=("Gemma3ForConditionalGeneration",),
-        model_types=("gemma3",),
-        decoder_layer=GemmaDecoderLayer,
-        weight_rules=GEMMA_RULES,
-        model_class=GemmaForCausalLM,
-        read_options=_read_options,
+    GEMMA,
+    dataclasses.replace(
+        GEMMA, names=("Gemma3ForConditionalGeneration",), model_types=("gemma3",),
         checkpoint_name=language_model_name,
-    ),
+    ),  # fmt: skip
 )
