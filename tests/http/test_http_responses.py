@@ -337,7 +337,8 @@ def test_reasoning_is_its_own_item_with_a_reasoning_parser(tokenizer):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://a/b.png"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
-    ({"input": "x", "background": True}, "background"),
+    ({"input": "x", "background": True, "store": False}, "background"),
+    ({"input": "x", "background": True, "stream": True}, "stream"),
     ({"input": "x", "truncation": "auto"}, "truncation"),
     ({"input": "x", "top_logprobs": 3}, "top_logprobs"),
     ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning.effort"),
@@ -408,3 +409,50 @@ def test_the_store_evicts_the_least_recently_used_and_expires_after_its_ttl():
     assert store.get("c") is None and store.get("a") is entry
     now[0] = 30.0
     assert len(store) == 0
+
+
+def _poll(client, rid: str, until: str, timeout: float = 10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        r = client.responses.retrieve(rid)
+        if r.status == until or time.monotonic() > deadline:
+            return r
+        time.sleep(0.01)
+
+
+def test_a_background_response_runs_on_and_is_polled_to_completion(tokenizer):
+    tm = FakeTM(tokenizer, features=ALL_FEATURES, context_len=512)
+    with TestClient(build_app(tm, ServerArgs(model="/m"))) as http:  # one event loop throughout
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http,
+                               max_retries=0)  # fmt: skip
+        r = client.responses.create(model=MODEL, input="Hi", background=True)
+        assert r.status in ("queued", "in_progress") and r.background is True
+        done = _poll(client, r.id, "completed")
+        assert done.status == "completed" and done.output_text == TEXT
+        follow = client.responses.create(model=MODEL, input="More", previous_response_id=r.id)
+        assert follow.status == "completed"
+        with pytest.raises(openai.BadRequestError):  # finished: nothing to cancel
+            client.responses.cancel(r.id)
+
+
+def test_a_background_response_is_cancelled_and_its_generation_aborted(tokenizer):
+    tm = FakeTM(tokenizer, features=ALL_FEATURES, context_len=512, hang=True)
+    with TestClient(build_app(tm, ServerArgs(model="/m"))) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http,
+                               max_retries=0)  # fmt: skip
+        r = client.responses.create(model=MODEL, input="Hi", background=True)
+        assert client.responses.retrieve(r.id).status == "in_progress"
+        with pytest.raises(openai.BadRequestError) as err:  # still running: not continuable
+            client.responses.create(model=MODEL, input="x", previous_response_id=r.id)
+        assert err.value.body["param"] == "previous_response_id"
+        cancelled = client.responses.cancel(r.id)
+        assert cancelled.status == "cancelled"
+        assert tm.aborted == [r.id] and not tm.live  # the engine let the request go
+        assert client.responses.retrieve(r.id).status == "cancelled"
+        again = client.responses.create(model=MODEL, input="Hi", background=True)
+        client.responses.delete(again.id)  # a running one is stopped, then forgotten
+        assert again.id in tm.aborted and not tm.live
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(again.id)

@@ -86,9 +86,11 @@ class ResponseWorkers:
                 stream=Body(json.dumps({"id": response_id, "worker": worker}).encode()),
             )  # fmt: skip
         if path.startswith(C.RESPONSES_PATH + "/"):
-            response_id = path.rsplit("/", 1)[1]
+            response_id, _, sub = path.removeprefix(C.RESPONSES_PATH + "/").partition("/")
             if response_id not in held:
                 return not_found(response_id)
+            if sub:  # input_items, cancel
+                return answer({"id": response_id, "sub": sub, "worker": worker})
             if req.method == "DELETE":
                 held.discard(response_id)
                 return answer({"id": response_id, "object": "response", "deleted": True})
@@ -163,6 +165,17 @@ def test_the_header_teaches_the_router_where_a_response_is_for_post_get_and_dele
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "response_not_found"
     assert sorted(w for w, _, _ in s.fake.probes()) == [A, B]
     assert s.decisions() == {"round_robin": 1.0, "response_affinity": 6.0}  # not a decision
+
+
+def test_cancel_and_input_items_go_to_the_worker_holding_the_response():
+    s = Setup()
+    rid = s.post({"input": "Hi", "background": True}).headers[C.RESPONSE_ID_HEADER]
+    for _ in range(2):  # round-robin alone would send one of each to B
+        cancel = s.call("POST", f"{C.RESPONSES_PATH}/{rid}/cancel")
+        items = s.call("GET", f"{C.RESPONSES_PATH}/{rid}/input_items")
+        assert (cancel.json()["sub"], worker_of(cancel)) == ("cancel", A)
+        assert (items.json()["sub"], worker_of(items)) == ("input_items", A)
+    assert s.fake.probes() == []
 
 
 def test_a_streamed_responses_header_is_learned_too():

@@ -90,6 +90,7 @@ def build_app(
     app.add_api_route(
         RESPONSES_PATH + "/{response_id}/input_items", responses.input_items, methods=["GET"]
     )
+    app.add_api_route(RESPONSES_PATH + "/{response_id}/cancel", responses.cancel, methods=["POST"])
     app.add_api_route(HEALTH_PATH, admin.health, methods=["GET"])
     app.add_api_route(LIVE_PATH, admin.live, methods=["GET"])
     app.add_api_route(SERVER_INFO_PATH, admin.server_info, methods=["GET"])

@@ -10,11 +10,11 @@ OpenAI), `max_output_tokens`, `temperature`, `top_p`, function `tools`, `tool_ch
 turn whose tool_choice forces a call is the call, constrained by the tool's schema),
 `reasoning.effort` (with --reasoning-parser; `none`/`minimal` turn thinking off through the
 chat template's `enable_thinking`), `metadata`, `user`, `store`, `previous_response_id`,
-`stream`; vLLM's extras `top_k`, `min_p`, `repetition_penalty`, `seed`, `ignore_eos`.
+`stream`, `background` (not streamed); vLLM's extras `top_k`, `min_p`, `repetition_penalty`, `seed`, `ignore_eos`.
 
 Refused with a 400 naming the field: built-in tools (web search, file search, computer
 use, code interpreter, image generation, MCP, shell, custom), image/file/audio inputs,
-`item_reference` items, `background`, `conversation`, `prompt` (stored prompt templates),
+`item_reference` items, `background` with `stream`, `conversation`, `prompt` (stored prompt templates),
 `truncation: auto`, `top_logprobs`, `include` beyond `reasoning.encrypted_content`
 (answered without it: reasoning is returned as text), `max_tool_calls`,
 `reasoning.summary` (no summarizer), `text.verbosity` other than medium.
@@ -51,7 +51,6 @@ INCLUDABLE = ("reasoning.encrypted_content",)
 
 RESPONSES_REFUSED: dict[str, Refused] = {
     **COMMON_REFUSED,
-    "background": Refused("background responses are not built; send the request and wait, or stream it"),
     "conversation": Refused("conversations are not built; continue with previous_response_id"),
     "prompt": Refused("stored prompt templates are not supported"),
     "max_tool_calls": Refused("max_tool_calls is not supported"),
@@ -212,6 +211,7 @@ class ResponsesRequest(RequestBody):
     store: Bool = True
     previous_response_id: str | None = Field(None, min_length=1)
     stream: Bool = False
+    background: Bool = False
     stream_options: ResponsesStreamOptions | None = None
     truncation: str | None = None  # "auto" is refused
     include: list[str] | None = None
@@ -241,6 +241,13 @@ class ResponsesRequest(RequestBody):
     def check(self) -> None:
         if isinstance(self.input, list) and not self.input:
             raise ProtocolError("input must not be empty", param="input")
+        if self.background and not self.store:
+            raise ProtocolError("background responses need store: true", param="background")
+        if self.background and self.stream:
+            raise ProtocolError(
+                "streaming a background response is not built: create it, then poll GET "
+                "/v1/responses/{id}", param="stream", code="unsupported_parameter",
+            )  # fmt: skip
         if self.stream_options is not None and not self.stream:
             raise ProtocolError("stream_options can only be set when stream is true",
                                 param="stream_options")  # fmt: skip

@@ -23,7 +23,9 @@ from typing import Any
 @dataclass(frozen=True)
 class StoredResponse:
     body: dict[str, Any]  # the response object
-    messages: list[dict[str, Any]]  # the conversation through its output, as chat messages
+    # the conversation through its output, as chat messages; None while a background
+    # response runs, and for one that was cancelled or failed (it cannot be continued)
+    messages: list[dict[str, Any]] | None
     input_items: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # its own input
 
 

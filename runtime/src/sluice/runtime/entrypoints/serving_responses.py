@@ -1,16 +1,20 @@
-"""The Responses API: POST /v1/responses (whole or streamed as typed events), and the stored
-responses' GET /v1/responses/{id}, GET /v1/responses/{id}/input_items and DELETE
+"""The Responses API: POST /v1/responses (whole, streamed as typed events, or in the
+background), and the stored responses' GET /v1/responses/{id}, GET
+/v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel (a background one) and DELETE
 /v1/responses/{id}.
 
 A response is the chat completion of its conversation (`responses_protocol.chat_request`),
 run through the same steps as /v1/chat/completions (`ServingBase.prepare_chat`, `start`),
 and told in the Responses API's items (`responses_output`). `store: true` (the default)
 keeps it in this process's `ResponseStore`; `previous_response_id` continues the stored
-conversation. A client that goes away aborts the generation, streamed or not.
+conversation. A client that goes away aborts the generation, streamed or not; a background
+response (`background: true`) runs on without the client, its stored entry `in_progress`
+until it ends, and is stopped only by its cancel (or DELETE).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
@@ -45,6 +49,7 @@ class ServingResponses(ServingBase):
     def __init__(self, ctx: ServingContext, store: ResponseStore) -> None:
         super().__init__(ctx)
         self.store = store
+        self.running: dict[str, asyncio.Task[None]] = {}  # background responses in progress
 
     async def create(self, request: Request) -> Response:
         req = await self.parse(request, ResponsesRequest)
@@ -57,6 +62,12 @@ class ServingResponses(ServingBase):
                     f"Previous response with id '{req.previous_response_id}' not found (never "
                     "stored here, deleted, or expired).", param="previous_response_id",
                     code="previous_response_not_found",
+                )  # fmt: skip
+            if previous.messages is None:
+                raise ProtocolError(
+                    f"Previous response '{req.previous_response_id}' did not complete "
+                    f"({previous.body.get('status')}); only a completed or incomplete response "
+                    "can be continued.", param="previous_response_id",
                 )  # fmt: skip
             history = previous.messages
         conversation = history + conversation_messages(req.items())
@@ -82,25 +93,56 @@ class ServingResponses(ServingBase):
 
         if req.stream:
             return SSEResponse(self._events(streams, assembler, keep), headers=headers)
-
-        async def run() -> dict[str, Any]:
-            try:
-                async for _, chunk in streams:
-                    if is_failure(chunk.finished, True):
-                        raise self.failure(chunk)
-                    assembler.on_chunk(chunk)
-            except Exception as exc:
-                raise as_protocol_error(exc) from exc
-            finally:
-                await streams.aclose()
-            last = assembler.last
-            if last is None or last.finished is None:  # ended without a finish: lost
-                raise self.failure(last)
-            return assembler.final()
-
-        body = await unless_disconnected(request, run())
+        if req.background:
+            running = assembler.response("in_progress")
+            self.store.put(rid, StoredResponse(running, None, input_item_records(req)))
+            task = asyncio.ensure_future(self._in_background(rid, streams, assembler, keep))
+            self.running[rid] = task
+            return JSONResponse(running, headers=headers)
+        body = await unless_disconnected(request, self._run(streams, assembler))
         keep(body)
         return JSONResponse(body, headers=headers)
+
+    async def _run(self, streams: ChoiceStreams, assembler: ResponseAssembler) -> dict[str, Any]:
+        """Every chunk into the assembler; the finished response (a failure raises)."""
+        try:
+            async for _, chunk in streams:
+                if is_failure(chunk.finished, True):
+                    raise self.failure(chunk)
+                assembler.on_chunk(chunk)
+        except Exception as exc:
+            raise as_protocol_error(exc) from exc
+        finally:
+            await streams.aclose()
+        last = assembler.last
+        if last is None or last.finished is None:  # ended without a finish: lost
+            raise self.failure(last)
+        return assembler.final()
+
+    async def _in_background(
+        self,
+        rid: str,
+        streams: ChoiceStreams,
+        assembler: ResponseAssembler,
+        keep: Callable[[dict[str, Any]], None],
+    ) -> None:
+        """A background response's generation; its stored entry says how it ended."""
+        ended: dict[str, Any] | None = None
+        try:
+            body = await self._run(streams, assembler)
+            keep(body)
+            if assembler.cancelled:  # aborted in band (POST /abort_request)
+                ended = body
+        except asyncio.CancelledError:  # POST /v1/responses/{id}/cancel
+            ended = assembler.response("cancelled")
+        except ProtocolError as exc:
+            ended = assembler.response("failed", error={"code": "server_error", "message": exc.message})
+        finally:
+            self.running.pop(rid, None)
+            if ended is not None:
+                stored = self.store.get(rid)
+                items = stored.input_items if stored is not None else []
+                self.store.put(rid, StoredResponse(ended, None, items))
 
     async def _events(
         self,
@@ -155,7 +197,7 @@ class ServingResponses(ServingBase):
             "tools": [t.model_dump(exclude_none=True) for t in req.function_tools()],
             "top_p": 1.0 if req.top_p is None else req.top_p,
             "truncation": "disabled",
-            "background": False,
+            "background": req.background,
             "service_tier": "default",
         }
 
@@ -190,7 +232,28 @@ class ServingResponses(ServingBase):
             "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None,
         })  # fmt: skip
 
+    async def cancel(self, response_id: str) -> Response:
+        """Stop a background response still running (its KV pages go back at once); it is
+        kept as `cancelled`. A finished or foreground one cannot be cancelled (400)."""
+        task = self.running.get(response_id)
+        if task is None:
+            stored = self.store.get(response_id)
+            if stored is None:
+                raise response_not_found(response_id)
+            raise ProtocolError(
+                f"Only a background response still in progress can be cancelled; this one is "
+                f"{stored.body.get('status')}.", param="response_id",
+            )  # fmt: skip
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        stored = self.store.get(response_id)
+        return JSONResponse(stored.body if stored is not None else {"id": response_id, "status": "cancelled"})
+
     async def delete(self, response_id: str) -> Response:
+        task = self.running.get(response_id)
+        if task is not None:  # a running background response is stopped first
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         if not self.store.delete(response_id):
             raise response_not_found(response_id)
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})

@@ -5,7 +5,8 @@ router's own /health, /liveness, /metrics and /workers.
   the policy (with adapter affinity for a request naming a LoRA adapter, see `policies.py`;
   a `/v1/responses` request with a `previous_response_id` goes to the worker holding that
   response, see `responses.py`).
-- `GET`, `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`: to the worker
+- `GET`, `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`, `POST
+  /v1/responses/{id}/cancel`: to the worker
   holding the response (response affinity, a routing decision); when none does, to the
   least-loaded healthy worker, which answers its 404.
 - `GET /v1/models`, `POST /tokenize`, `/detokenize`: forwarded to the least-loaded healthy
@@ -181,6 +182,7 @@ def build_router_app(router: RouterApp, lifespan: Any = None) -> Starlette:
     routes += [
         Route(RESPONSES_PATH + "/{response_id}", router.stored_response, methods=["GET", "DELETE"]),
         Route(RESPONSES_PATH + "/{response_id}/input_items", router.stored_response, methods=["GET"]),
+        Route(RESPONSES_PATH + "/{response_id}/cancel", router.stored_response, methods=["POST"]),
         Route(HEALTH_PATH, router.health, methods=["GET"]),
         Route(ROUTER_LIVENESS_PATH, router.liveness, methods=["GET"]),
         Route(METRICS_PATH, router.metrics_route, methods=["GET"]),
