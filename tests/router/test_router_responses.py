@@ -293,3 +293,31 @@ def test_tokenize_and_detokenize_go_to_the_least_loaded_worker_uncounted():
     assert detok.json() == {"worker": B, "path": "/detokenize", "got": {"tokens": [1, 2]}}
     assert s.fake.client_requests() == [(B, "POST", "/tokenize"), (B, "POST", "/detokenize")]
     assert s.decisions() == {}
+
+
+def test_requests_naming_the_same_unknown_id_at_once_share_one_probe():
+    s = Setup()
+    rid = s.post({"input": "Hi"}).headers[C.RESPONSE_ID_HEADER]  # held by A
+    s.affinity.forget(rid)  # as a fresh router
+
+    async def three() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=s.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as c:
+            return await asyncio.gather(*(
+                c.get(f"{C.RESPONSES_PATH}/{rid}", headers={CLIENT: "1"}) for _ in range(3)
+            ))  # fmt: skip
+
+    got = asyncio.run(three())
+    assert [(r.status_code, r.json()["worker"]) for r in got] == [(200, A)] * 3
+    assert sorted(w for w, _, _ in s.fake.probes()) == [A, B]  # one probe: each worker once
+
+
+def test_tokenize_for_an_adapter_goes_to_a_worker_that_has_it():
+    s = Setup()
+    for url in (A, B):
+        s.pool.workers[url].base_models = {"base"}
+    s.pool.workers[B].adapters = {"my-lora"}
+    s.pool.workers[B].in_flight = 5  # least-load alone would pick A
+    tok = s.call("POST", "/tokenize", {"model": "my-lora", "prompt": "hello"})
+    assert tok.json()["worker"] == B
+    assert s.decisions() == {}  # not a routing decision

@@ -85,7 +85,8 @@ class RouterApp:
         body = await request.body()
         received_at = time.perf_counter()
         path = request.url.path
-        route = request_route(path, body) if routed else RequestRoute()
+        # /tokenize names a model too: a LoRA adapter's tokenization goes where it is loaded
+        route = request_route(path, body) if routed or path in TOKENIZE_PATHS else RequestRoute()
         response_id = response_id or route.previous_response_id
         adapters = self.pool.adapters_wanted(route.model, route.adapters)
         query = request.url.query

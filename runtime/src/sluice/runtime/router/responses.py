@@ -98,6 +98,7 @@ class ResponseAffinity:
         self.size = size
         self.probe_timeout = probe_timeout
         self._urls: OrderedDict[str, str] = OrderedDict()
+        self._probing: dict[tuple[str, str | None], asyncio.Future[Worker | None]] = {}
 
     def __len__(self) -> int:
         return len(self._urls)
@@ -130,9 +131,17 @@ class ResponseAffinity:
         worker = pool.workers.get(url) if url is not None else None
         if worker is not None and worker.healthy:
             return worker
-        worker = await probe_holder(
-            client, pool.healthy(), response_id, authorization, self.probe_timeout
-        )
+        # requests naming the same unknown id at once (with the same credentials) share one
+        # probe, shielded: a client that leaves does not cancel it for the others
+        key = (response_id, authorization)
+        probe = self._probing.get(key)
+        if probe is None:
+            probe = asyncio.ensure_future(
+                probe_holder(client, pool.healthy(), response_id, authorization, self.probe_timeout)
+            )
+            self._probing[key] = probe
+            probe.add_done_callback(lambda _: self._probing.pop(key, None))
+        worker = await asyncio.shield(probe)
         if worker is not None:
             self.remember(response_id, worker.url)
         logger.debug("response %s: map had %s, probe found %s", response_id, url,
