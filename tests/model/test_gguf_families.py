@@ -5,7 +5,7 @@ crosses Gemma's window.
 
 The tiny models use shapes the config classes' defaults do not have (Qwen3's head_dim 32,
 Qwen3-MoE's expert width 32): transformers' reader drops those GGUF keys, and the
-conversion reads them itself (`loader.gguf_config_fixes`)."""
+conversion reads them itself (`gguf_convert.gguf_config_fixes`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from tiny_model import make_tiny_mixtral, make_tiny_qwen3, make_tiny_qwen3_moe
 from tiny_windowed import make_tiny_windowed
 
 from sluice.runtime.attention.registry import create_model_backend
-from sluice.runtime.model.loader import convert_gguf, gguf_config_fixes, load_model
+from sluice.runtime.model.gguf_convert import convert_gguf, gguf_config_fixes
+from sluice.runtime.model.loader import load_model
 
 pytest.importorskip("gguf")
 SLIDING, FULL = "sliding_attention", "full_attention"

@@ -10,8 +10,9 @@ import torch
 from model_harness import ModelPair, PagedRunner, prompt
 
 from sluice.runtime import constants
-from sluice.runtime.model import loader
-from sluice.runtime.model.loader import convert_gguf, load_model, resolve_model_path
+from sluice.runtime.model import gguf_convert, loader
+from sluice.runtime.model.gguf_convert import convert_gguf
+from sluice.runtime.model.loader import load_model, resolve_model_path
 
 
 def test_a_model_folder_resolves_to_itself(
@@ -55,7 +56,7 @@ def _fake_conversions(monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> li
         if fail:
             raise RuntimeError("conversion crashed")
 
-    monkeypatch.setattr(loader, "_write_hf_folder", write)
+    monkeypatch.setattr(gguf_convert, "_write_hf_folder", write)
     return calls
 
 
