@@ -12,6 +12,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 from http_fakes import MODEL, REPLY, FakeTM, call_asgi
+from server_process import wait_for
 
 from sluice.runtime.entrypoints.http_server import build_app
 from sluice.runtime.entrypoints.responses_store import ResponseStore, StoredResponse
@@ -411,17 +412,6 @@ def test_the_store_evicts_the_least_recently_used_and_expires_after_its_ttl():
     assert len(store) == 0
 
 
-def _poll(client, rid: str, until: str, timeout: float = 10.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        r = client.responses.retrieve(rid)
-        if r.status == until or time.monotonic() > deadline:
-            return r
-        time.sleep(0.01)
-
-
 def test_a_background_response_runs_on_and_is_polled_to_completion(tokenizer):
     tm = FakeTM(tokenizer, features=ALL_FEATURES, context_len=512)
     with TestClient(build_app(tm, ServerArgs(model="/m"))) as http:  # one event loop throughout
@@ -429,8 +419,9 @@ def test_a_background_response_runs_on_and_is_polled_to_completion(tokenizer):
                                max_retries=0)  # fmt: skip
         r = client.responses.create(model=MODEL, input="Hi", background=True)
         assert r.status in ("queued", "in_progress") and r.background is True
-        done = _poll(client, r.id, "completed")
-        assert done.status == "completed" and done.output_text == TEXT
+        done = wait_for(lambda: (d := client.responses.retrieve(r.id)).status == "completed" and d,
+                        timeout=10, what="the background response to complete")  # fmt: skip
+        assert done.output_text == TEXT
         follow = client.responses.create(model=MODEL, input="More", previous_response_id=r.id)
         assert follow.status == "completed"
         with pytest.raises(openai.BadRequestError):  # finished: nothing to cancel

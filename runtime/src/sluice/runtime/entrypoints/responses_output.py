@@ -182,10 +182,12 @@ class ResponseAssembler:
     def failed(self, error: ProtocolError) -> str:
         """The response ends with an error: the items so far, closed, then response.failed."""
         events = self._close()
+        return "".join(events) + self._event("response.failed", response=self.failed_response(error))
+
+    def failed_response(self, error: ProtocolError) -> dict[str, Any]:
         # OpenAI's codes for a failed response are few; an engine fault, a timeout and an
         # abort are all its "server_error" (the message says which)
-        body = self.response("failed", error={"code": "server_error", "message": error.message})
-        return "".join(events) + self._event("response.failed", response=body)
+        return self.response("failed", error={"code": "server_error", "message": error.message})
 
     # --- items --------------------------------------------------------------------------------
     def _text(self, kind: str, text: str) -> list[str]:

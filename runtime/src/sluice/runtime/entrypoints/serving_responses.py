@@ -136,7 +136,7 @@ class ServingResponses(ServingBase):
         except asyncio.CancelledError:  # POST /v1/responses/{id}/cancel
             ended = assembler.response("cancelled")
         except ProtocolError as exc:
-            ended = assembler.response("failed", error={"code": "server_error", "message": exc.message})
+            ended = assembler.failed_response(exc)
         finally:
             self.running.pop(rid, None)
             if ended is not None:

@@ -15,22 +15,22 @@ from typing import Any
 # the text model of a multimodal wrapper whose `text_config` names no model_type
 TEXT_MODEL_TYPES = {"gemma3": "gemma3_text"}
 
+# what Gemma 2 and Gemma 3 (text) share
+_GEMMA: dict[str, Any] = {
+    "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096,
+}  # fmt: skip
+
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma2": {
-        "vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
-        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
-        "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
-        "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-        "rope_theta": 10000.0, "sliding_window": 4096, "query_pre_attn_scalar": 256,
+        **_GEMMA, "vocab_size": 256000, "max_position_embeddings": 8192, "rope_theta": 10000.0,
         "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
     },
     "gemma3_text": {
-        "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
-        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
-        "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
-        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "sliding_window": 4096,
-        "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+        **_GEMMA, "vocab_size": 262208, "max_position_embeddings": 131072,
+        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6,
     },
     "gpt_oss": {
         "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
