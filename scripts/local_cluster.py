@@ -2,8 +2,14 @@
 kube-controller-manager, kube-scheduler, kwok (fake nodes and pods: no containers run) and a
 custom/external metrics API server, with their own certificates and an admin kubeconfig.
 
-    python scripts/local_cluster.py up   [--dir DIR]   # start in the background, print `export KUBECONFIG=...`
-    python scripts/local_cluster.py down [--dir DIR]   # stop every process it started
+    python scripts/local_cluster.py up   [--dir DIR] [--bin BIN]  # start it in the background
+    python scripts/local_cluster.py down [--dir DIR]              # stop every process it started
+
+`up` installs the CRDs of crds/ (waiting until they are Established) and prints one line to
+paste, `export KUBECONFIG=<dir>/admin.kubeconfig PATH=<bin>:$PATH` (<bin> holds the kubectl
+of the API server's release). `DIR/state.json` lists every process from the moment it
+starts, so `down` stops what `up` left however `up` ended (SIGKILL included); an `up` over a
+cluster of which only some processes run stops those and starts afresh.
 
 The test tier (`tests/cluster/`) starts the same `ControlPlane` in-process for a session.
 Every listener is bound to 127.0.0.1; the binaries come from `scripts/build_control_plane.sh`
@@ -18,6 +24,7 @@ import argparse
 import base64
 import json
 import os
+import shlex
 import signal
 import socket
 import ssl
@@ -195,6 +202,110 @@ def kubeconfig(server: str, ca: Path, user: Mapping[str, str]) -> dict[str, Any]
 
 
 # ----------------------------------------------------------------------------- processes
+#
+# Every component runs in its own session (so its own process group: pgid == pid), and the
+# state file under the cluster's directory lists each one (pid, pgid, the kernel's start time
+# of the pid, to tell a reused pid apart) from the moment it is started. `down` stops what
+# the file lists, and then any process of a component binary whose command line still names
+# the cluster's directory (one started in the instant before the file was written), however
+# the process that started them ended.
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    ppid: int
+    pgid: int
+    state: str  # "Z": a zombie, gone but not yet reaped
+    start: int  # clock ticks after boot: with the pid, names one process for good
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """The process `pid` as /proc sees it, or None when there is none."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    # "pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+    # utime stime cutime cstime priority nice threads itrealvalue starttime ..."; comm may
+    # hold spaces and parentheses
+    fields = text[text.rindex(")") + 2 :].split()
+    return ProcStat(pid, int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
+
+
+def all_processes() -> list[ProcStat]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := proc_stat(int(entry))) is not None:
+            found.append(stat)
+    return found
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def names_dir(argv: Sequence[str], workdir: Path) -> bool:
+    """Whether a command line names `workdir` or a path under it."""
+    base = str(workdir)
+    return any(arg == base or arg.endswith("=" + base) or base + os.sep in arg for arg in argv)
+
+
+def same_process(pid: int, start: int | None) -> bool:
+    """`pid` is alive (not a zombie) and, when `start` is known, is the process that was
+    recorded (not a later one given the same pid)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat.state != "Z" and (start is None or stat.start == start)
+
+
+def group_members(pgid: int, start: int | None = None) -> list[int]:
+    """The live processes of the group `pgid` leads or led. None when its leader's pid now
+    names another process (the group is gone and the pid was given to a new one)."""
+    leader = proc_stat(pgid)
+    if leader is not None and start is not None and leader.start != start:
+        return []
+    return [p.pid for p in all_processes() if p.pgid == pgid and p.state != "Z"]
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """For `preexec_fn`: the child is SIGKILLed when the thread that started it dies (Linux's
+    PR_SET_PDEATHSIG), so a test run killed with SIGKILL leaves no component behind."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def popen_group(
+    argv: Sequence[str],
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    die_with_parent: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in a new session (its own process group), output appended to `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: stopped as a group
+            env=dict(env) if env is not None else None,
+            preexec_fn=_die_with_parent() if die_with_parent else None,
+        )
 
 
 @dataclass
@@ -203,17 +314,17 @@ class Component:
     argv: list[str]
     log: Path
     process: subprocess.Popen[bytes] | None = None
+    start_time: int | None = None
 
-    def start(self, env: Mapping[str, str] | None = None) -> None:
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: stopped as a group
-                env=dict(env) if env is not None else None,
-            )
+    def start(self, env: Mapping[str, str] | None = None, die_with_parent: bool = False) -> None:
+        self.process = popen_group(self.argv, self.log, env, die_with_parent)
+        stat = proc_stat(self.process.pid)
+        self.start_time = stat.start if stat is not None else None
+
+    def record(self) -> dict[str, Any]:
+        assert self.process is not None
+        pid = self.process.pid
+        return {"pid": pid, "pgid": pid, "start": self.start_time, "argv0": self.argv[0]}
 
     def tail(self, lines: int = 15) -> str:
         try:
@@ -228,32 +339,30 @@ class Component:
             )
 
 
-def _stop_group(pid: int, timeout: float) -> None:
-    """SIGTERM the process group `pid` leads, SIGKILL what is left after `timeout`."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        try:  # reap it when it is our child
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                continue
+def _stop_group(pgid: int, timeout: float, start: int | None = None) -> bool:
+    """SIGTERM the process group `pgid` (its leader had start time `start`, when known),
+    SIGKILL what is left after `timeout`; True when none of it is left."""
+
+    def left() -> list[int]:
+        try:  # reap the leader when it is our child
+            os.waitpid(pgid, os.WNOHANG)
         except ChildProcessError:
             pass
-        time.sleep(0.05)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+        return group_members(pgid, start)
+
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        if not left():
+            return True
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        deadline = time.monotonic() + wait
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return not left()
 
 
 def wait_for(
@@ -286,14 +395,27 @@ def wait_for(
 
 @dataclass
 class ControlPlane:
-    """The processes of a local control plane under `workdir`; `start()` then `stop()`."""
+    """The processes of a local control plane under `workdir`; `start()` then `stop()`.
+
+    `state.json` in `workdir` lists every process from the moment it starts (see `down`).
+    `die_with_parent`: the components are SIGKILLed when the thread that started them dies
+    (the test tier: a killed test run leaves nothing); `make cluster`'s outlive `up`."""
 
     workdir: Path
     binaries: Path
     nodes: Sequence[FakeNode] = DEFAULT_NODES
     ready_timeout: float = 180.0
+    die_with_parent: bool = False
     components: dict[str, Component] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # absolute: the components' command lines name it, and `down` looks for it there
+        self.workdir = Path(os.path.abspath(self.workdir))
+
+    @property
+    def state_file(self) -> Path:
+        return state_file(self.workdir)
 
     @property
     def pki(self) -> Path:
@@ -319,7 +441,10 @@ class ControlPlane:
         return {name: c.process.pid for name, c in self.components.items() if c.process is not None}
 
     # -- start
-    def start(self) -> None:
+    def start(self, then: Callable[[ControlPlane], None] | None = None) -> None:
+        """Start every component and wait until each is ready; then `then(self)` (more set-up
+        that belongs to start-up); only then is the state file's phase `running`. On any
+        failure, or an exception such as KeyboardInterrupt, what was started is stopped."""
         missing = [b for b in (*COMPONENTS, "kubectl") if not (self.binaries / b).exists()]
         if missing:
             raise ControlPlaneError(
@@ -327,22 +452,25 @@ class ControlPlane:
             )
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
-        make_pki(self.pki)
-        for name in ("etcd-client", "etcd-peer", "apiserver", "kcm", "scheduler", "adapter"):
-            self.ports[name] = free_port()
-        self.ports["metrics-write"] = free_port()
-        self._write_kubeconfigs()
+        self._write_state("starting")  # before any process starts
         try:
+            make_pki(self.pki)
+            for name in ("etcd-client", "etcd-peer", "apiserver", "kcm", "scheduler", "adapter"):
+                self.ports[name] = free_port()
+            self.ports["metrics-write"] = free_port()
+            self._write_kubeconfigs()
             self._start_etcd()
             self._start_apiserver()
             self._start_controllers()
             self._start_kwok_and_nodes()
             self._start_metrics_adapter()
             self._wait_controllers()
+            if then is not None:
+                then(self)
         except BaseException:
             self.stop()
             raise
-        self._write_state()
+        self._write_state("running")
 
     def _write_kubeconfigs(self) -> None:
         admin = {
@@ -356,7 +484,8 @@ class ControlPlane:
     def _component(self, name: str, argv: list[str]) -> Component:
         component = Component(name, argv, self.workdir / "logs" / f"{name}.log")
         self.components[name] = component
-        component.start()
+        component.start(die_with_parent=self.die_with_parent)
+        self._write_state("starting")  # at once: `down` stops it if we die from here on
         return component
 
     def _start_etcd(self) -> None:
@@ -619,19 +748,32 @@ class ControlPlane:
     def stop(self, timeout: float = 15.0) -> None:
         """Stop every component (last started first) and wait until each process is gone."""
         for component in reversed(list(self.components.values())):
-            if component.process is not None and component.process.poll() is None:
-                _stop_group(component.process.pid, timeout)
             if component.process is not None:
+                _stop_group(component.process.pid, timeout, component.start_time)
                 try:
                     component.process.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
                     component.process.kill()
                     component.process.wait()
+        if self.state_file.exists():
+            self._write_state("stopped")
 
     # -- state for `down` (make cluster runs `up` and `down` as separate commands)
-    def _write_state(self) -> None:
-        (self.workdir / "state.json").write_text(
-            json.dumps({"pids": self.pids(), "ports": self.ports}, indent=1)
+    def _write_state(self, phase: str) -> None:
+        me = proc_stat(os.getpid())
+        write_state(
+            self.workdir,
+            {
+                "phase": phase,  # starting, running, stopped
+                "dir": str(self.workdir),
+                "logs": str(self.workdir / "logs"),
+                "binaries": str(self.binaries),
+                "kubeconfig": str(self.kubeconfig),
+                # the process that starts the components (`up`, or a test run)
+                "owner": {"pid": os.getpid(), "start": me.start if me else None},
+                "processes": {name: c.record() for name, c in self.components.items() if c.process},
+                "ports": self.ports,
+            },
         )
 
 
@@ -655,65 +797,258 @@ def _http_get(url: str, context: ssl.SSLContext | None = None) -> str:
         return str(response.read().decode())
 
 
-# ----------------------------------------------------------------------------- CLI
+# ----------------------------------------------------------------------------- state and CLI
+
+CRDS_DIR = REPO / "crds"
 
 
 def default_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sluice" / "cluster"
 
 
-def _alive(pid: int) -> bool:
+def state_file(workdir: Path) -> Path:
+    return workdir / "state.json"
+
+
+def write_state(workdir: Path, state: Mapping[str, Any]) -> None:
+    """Replace the state file in one step (a reader, or a kill mid-write, never sees half)."""
+    path = state_file(workdir)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, path)
+
+
+def read_state(workdir: Path) -> dict[str, Any] | None:
     try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+        state = json.loads(state_file(workdir).read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:  # not ours, or torn: what it lists cannot be trusted
+        return {"phase": "unreadable", "processes": {}}
+    if "pids" in state and "processes" not in state:  # the format before issue 37
+        state["processes"] = {n: {"pid": p, "pgid": p, "start": None}
+                              for n, p in state["pids"].items()}  # fmt: skip
+        state.setdefault("phase", "running")
+    return dict(state)
 
 
-def down(workdir: Path) -> int:
-    state_file = workdir / "state.json"
-    if not state_file.exists():
-        print(f"no local cluster in {workdir}")
+def leftover_processes(workdir: Path) -> list[int]:
+    """Processes of a component binary whose command line names `workdir`: what a cluster
+    there left running, listed in the state file or not (never this process or its
+    ancestors, e.g. the `down --dir ...` command line itself)."""
+    mine = set()
+    pid: int | None = os.getpid()
+    while pid and pid not in mine:
+        mine.add(pid)
+        stat = proc_stat(pid)
+        pid = stat.ppid if stat else None
+    found = []
+    for stat in all_processes():
+        if stat.pid in mine or stat.state == "Z":
+            continue
+        argv = cmdline(stat.pid)
+        if argv and Path(argv[0]).name in COMPONENTS and names_dir(argv, workdir):
+            found.append(stat.pid)
+    return found
+
+
+@dataclass(frozen=True)
+class Health:
+    phase: str
+    alive: list[str]
+    dead: list[str]
+    starting_owner: int | None  # an `up` still starting this cluster
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "running" and not self.dead and set(self.alive) >= set(COMPONENTS)
+
+
+def health(state: Mapping[str, Any]) -> Health:
+    alive, dead = [], []
+    for name, rec in state.get("processes", {}).items():
+        (alive if same_process(int(rec["pid"]), rec.get("start")) else dead).append(name)
+    owner = state.get("owner") or {}
+    starting = None
+    if (
+        state.get("phase") == "starting"
+        and owner.get("pid")
+        and owner["pid"] != os.getpid()
+        and same_process(int(owner["pid"]), owner.get("start"))
+    ):
+        starting = int(owner["pid"])
+    return Health(str(state.get("phase")), alive, dead, starting)
+
+
+def down(workdir: Path, quiet: bool = False) -> int:
+    """Stop whatever a cluster in `workdir` has running, whatever became of the `up` that
+    started it: the `up` itself when it is still starting, each process group the state
+    file lists (last started first), then any component process still naming `workdir`."""
+    workdir = Path(os.path.abspath(workdir))
+    say = (lambda *a, **k: None) if quiet else print
+    state = read_state(workdir)
+    if state is None and not leftover_processes(workdir):
+        say(f"no local cluster in {workdir}")
         return 0
-    pids = json.loads(state_file.read_text())["pids"]
-    for name in reversed(list(pids)):
-        _stop_group(int(pids[name]), 15.0)
-    left = [name for name, pid in pids.items() if _alive(int(pid))]
+    state = state or {"processes": {}}
+    now = health(state)
+    if now.starting_owner is not None:  # it would go on starting components: stop it first
+        owner = state["owner"]
+        _stop_group_or_pid(int(owner["pid"]), owner.get("start"))
+    records = list(state.get("processes", {}).items())
+    for _name, rec in reversed(records):
+        _stop_group(int(rec.get("pgid", rec["pid"])), 15.0, rec.get("start"))
+    for pid in leftover_processes(workdir):
+        _stop_group_or_pid(pid, None)
+    left = [n for n, rec in records if group_members(int(rec.get("pgid", rec["pid"])),
+                                                     rec.get("start"))]  # fmt: skip
+    left += [f"pid {pid}: {' '.join(cmdline(pid))[:120]}" for pid in leftover_processes(workdir)]
     if left:
-        print(f"still running: {left}", file=sys.stderr)
+        print(f"local cluster in {workdir}: still running: {left}", file=sys.stderr)
         return 1
-    state_file.unlink()
-    print(f"local cluster in {workdir} stopped")
+    state_file(workdir).unlink(missing_ok=True)
+    say(f"local cluster in {workdir} stopped")
     return 0
 
 
-def up(workdir: Path) -> int:
-    if (workdir / "state.json").exists():
-        pids = json.loads((workdir / "state.json").read_text())["pids"]
-        if any(_alive(int(p)) for p in pids.values()):
-            print(f"export KUBECONFIG={workdir / 'admin.kubeconfig'}")
+def _stop_group_or_pid(pid: int, start: int | None) -> None:
+    """Stop `pid`'s whole group when it leads one, else `pid` alone (SIGTERM, then SIGKILL)."""
+    stat = proc_stat(pid)
+    if stat is None or (start is not None and stat.start != start):
+        return
+    if stat.pgid == pid:
+        _stop_group(pid, 15.0, stat.start)
+        return
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while same_process(pid, stat.start) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not same_process(pid, stat.start):
+            return
+
+
+def install_crds(plane: ControlPlane) -> None:
+    """`kubectl apply -f crds/`, then wait until each CRD is Established (its API is served)."""
+    applied = subprocess.run(
+        [str(plane.kubectl), "apply", "-f", str(CRDS_DIR), "-o", "name"],
+        env={**os.environ, "KUBECONFIG": str(plane.kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if applied.returncode != 0:
+        raise ControlPlaneError(f"kubectl apply -f {CRDS_DIR} failed:\n{applied.stderr}")
+    for line in applied.stdout.split():
+        name = line.split("/", 1)[1]
+        wait_for(
+            f"CRD {name} Established",
+            lambda name=name: (
+                _condition(
+                    plane.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"),
+                    "Established",
+                )
+                == "True"
+            ),
+            plane.ready_timeout,
+        )
+
+
+def paste_line(kubeconfig_path: Path, binaries: Path) -> str:
+    """The one line `up` prints: the cluster's kubeconfig, and the kubectl of the API
+    server's release first on PATH (a system kubectl may be several minor versions older)."""
+    return (
+        f"export KUBECONFIG={shlex.quote(str(kubeconfig_path))} "
+        f"PATH={shlex.quote(str(binaries))}:$PATH"
+    )
+
+
+def _raise_on_signals() -> None:
+    """SIGTERM / SIGHUP (a closed terminal) during `up`: stop what was started, as Ctrl-C
+    does, instead of leaving it half-started (SIGKILL cannot be caught: that is `down`'s)."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def up(workdir: Path, binaries: Path | None = None) -> int:
+    workdir = Path(os.path.abspath(workdir))
+    state = read_state(workdir)
+    if state is not None or leftover_processes(workdir):
+        now = health(state or {"phase": "unrecorded"})
+        if now.starting_owner is not None:
+            print(f"local cluster in {workdir}: `up` (pid {now.starting_owner}) is starting "
+                  "it; wait for it, or run `down`", file=sys.stderr)  # fmt: skip
+            return 1
+        if now.running and _api_ready(state or {}):
+            print(f"local cluster in {workdir} is already running", file=sys.stderr)
+            print(paste_line(Path(state["kubeconfig"]), Path(state["binaries"])))  # type: ignore[index]
             return 0
-    build = subprocess.run([str(BUILD_SCRIPT)])
-    if build.returncode != 0:
-        return build.returncode
+        leftovers = leftover_processes(workdir)
+        if now.alive or leftovers:  # some of it runs, not all of it: never report that as up
+            print(
+                f"local cluster in {workdir} is degraded (phase {now.phase}; alive: {now.alive}; "
+                f"dead: {now.dead}; unrecorded: {len(leftovers)} process(es)): stopping what is "
+                "left and starting afresh",
+                file=sys.stderr,
+            )
+        if down(workdir, quiet=True) != 0:
+            return 1
+    if binaries is None:
+        build = subprocess.run([str(BUILD_SCRIPT)])
+        if build.returncode != 0:
+            return build.returncode
+        binaries = bin_dir()
     if workdir.exists():  # a stopped cluster's leftovers: start from an empty store
         subprocess.run(["rm", "-rf", str(workdir)], check=True)
-    plane = ControlPlane(workdir, bin_dir())
+    _raise_on_signals()
+    plane = ControlPlane(workdir, binaries)
     try:
-        plane.start()
+        plane.start(then=install_crds)
     except ControlPlaneError as error:
         print(f"local cluster did not start: {error}", file=sys.stderr)
         return 1
-    print(f"export KUBECONFIG={plane.kubeconfig}")
+    version = plane.get("/version")["gitVersion"]
+    print(
+        f"local cluster running: Kubernetes {version} at {plane.server}, "
+        f"{len(plane.nodes)} fake nodes, the CRDs of {CRDS_DIR.name}/ installed, logs in "
+        f"{workdir / 'logs'}; the kubectl of its release is {plane.kubectl} (a system kubectl "
+        "may be older). To use it, paste:",
+        file=sys.stderr,
+    )
+    print(paste_line(plane.kubeconfig, binaries), flush=True)
     return 0
+
+
+def _api_ready(state: Mapping[str, Any]) -> bool:
+    """The API server the state file names answers /readyz with the cluster's credentials."""
+    try:
+        plane = ControlPlane(
+            Path(state["dir"]), Path(state["binaries"]), ports=dict(state["ports"])
+        )
+        return _http_get(f"{plane.server}/readyz", plane._admin_tls()) == "ok"
+    except (OSError, ssl.SSLError, KeyError, TypeError, ValueError):
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("up", "down"))
     parser.add_argument("--dir", type=Path, default=default_dir(), help="state and logs")
+    parser.add_argument(
+        "--bin", type=Path, default=None,
+        help="the control plane's binaries (default: build or find them with "
+        "scripts/build_control_plane.sh)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    return up(args.dir) if args.command == "up" else down(args.dir)
+    binaries = args.bin.resolve() if args.bin else None
+    return up(args.dir, binaries) if args.command == "up" else down(args.dir)
 
 
 if __name__ == "__main__":

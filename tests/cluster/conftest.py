@@ -4,7 +4,13 @@ server; all on 127.0.0.1), the chart installed with Helm's own code, and the ope
 as its own process under the chart's ServiceAccount.
 
 The binaries are built by `scripts/build_control_plane.sh` (`make cluster-bin`; `make test`
-runs it first). A failed build fails this tier; only a machine without Go skips it.
+runs it first). A failed build fails this tier; a machine without Go skips it, with one line
+saying so, except under CI=true, where that fails it too (`build_verdict`).
+
+This tier runs last in a session that collects other tests too, so its control plane and
+operator (~0.8 GB, session fixtures) are stopped right after its last test instead of living
+through the rest of `make test` (`pytest_collection_modifyitems`). Every process they start
+is SIGKILLed by the kernel if the test run itself is killed (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -31,16 +37,44 @@ from cluster_kit import (  # noqa: E402
     SCHEDULING_GRACE_S,
     Kube,
     OperatorProcess,
+    build_verdict,
     operator_process,
 )
 
+HERE = Path(__file__).parent
 
+
+@pytest.hookimpl(trylast=True)  # after any other plugin's reordering
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.cluster)
-            item.add_marker(pytest.mark.integration)
+    """Mark this tier's tests, and move them after every other test, keeping the order within
+    each part: pytest finalizes session fixtures when the session's last test is done, so
+    with this tier last, its control plane and operator stop as soon as its last test has
+    run, whatever else the run collected."""
+    ours = [item for item in items if HERE in Path(str(item.fspath)).parents]
+    for item in ours:
+        item.add_marker(pytest.mark.cluster)
+        item.add_marker(pytest.mark.integration)
+    if ours:
+        chosen = set(map(id, ours))
+        items[:] = [item for item in items if id(item) not in chosen] + ours
+
+
+_TIER_SKIP: list[str] = []  # why the whole tier is skipped (no Go), once decided
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """A skip of the whole tier is reported at one place (here), not at each test's, so that
+    `-ra` folds the tier's ~90 skips into one line."""
+    report = yield
+    if (
+        _TIER_SKIP
+        and report.skipped
+        and isinstance(report.longrepr, tuple)
+        and _TIER_SKIP[0] in str(report.longrepr[2])
+    ):
+        report.longrepr = (__file__, _ensure_binaries.__code__.co_firstlineno, report.longrepr[2])
+    return report
 
 
 def _ensure_binaries() -> Path:
@@ -50,12 +84,12 @@ def _ensure_binaries() -> Path:
         text=True,
         env={**os.environ, "PY": sys.executable},
     )
-    lines = [line for line in build.stderr.splitlines() if line.strip()]
-    if build.returncode == 3:
-        pytest.skip(lines[-1] if lines else "no Go toolchain: the control plane cannot be built")
-    if build.returncode != 0:
-        pytest.fail(lines[-1] if lines else f"control plane build failed ({build.returncode})",
-                    pytrace=False)  # fmt: skip
+    verdict, why = build_verdict(build.returncode, build.stderr, os.environ)
+    if verdict == "skip":
+        _TIER_SKIP.append(why)
+        pytest.skip(why)
+    if verdict == "fail":
+        pytest.fail(why, pytrace=False)
     return local_cluster.bin_dir()
 
 
@@ -69,16 +103,26 @@ def _processes_naming(workdir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_cluster.ControlPlane]:
-    binaries = _ensure_binaries()
+def binaries() -> Path:
+    """The control plane's binaries (built when missing); skips or fails the tier as
+    `build_verdict` says."""
+    return _ensure_binaries()
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    binaries: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[local_cluster.ControlPlane]:
     workdir = tmp_path_factory.mktemp("cluster")
-    plane = local_cluster.ControlPlane(workdir, binaries)
+    plane = local_cluster.ControlPlane(workdir, binaries, die_with_parent=True)
     try:
-        plane.start()
+        plane.start()  # stops what it started when it fails
     except local_cluster.ControlPlaneError as error:
         pytest.fail(f"the local control plane did not start: {error}", pytrace=False)
-    yield plane
-    plane.stop()
+    try:
+        yield plane
+    finally:
+        plane.stop()
     left = _processes_naming(workdir)
     assert not left, "control plane processes outlived the session:\n" + "\n".join(left)
 

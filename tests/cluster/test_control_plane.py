@@ -1,4 +1,5 @@
-"""The local control plane itself: real components, loopback only, fake nodes as declared."""
+"""The local control plane itself, as the components report it: real components on loopback
+only, the pinned release, kwok's nodes, the scheduler's placement by GPUs and taints."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import local_cluster
 import psutil
-from cluster_kit import Kube
+from cluster_kit import REPO, Kube, condition, wait_until
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
@@ -31,23 +32,95 @@ def test_every_component_listens_on_loopback_only(control_plane: local_cluster.C
     assert len(listeners["metrics-adapter"]) == 2, listeners
 
 
-def test_kubectl_of_the_same_release_talks_to_the_api_server(kube: Kube):
-    version = json.loads(kube.kubectl("version", "-o", "json").stdout)
-    assert version["serverVersion"]["gitVersion"] == "v1.36.3"
-    assert version["clientVersion"]["gitVersion"] == "v1.36.3"
+def pinned_release() -> str:
+    """K8S_VERSION of tools/k8s/versions.env: the release the binaries are built from."""
+    for line in (REPO / "tools" / "k8s" / "versions.env").read_text().splitlines():
+        if line.startswith("K8S_VERSION="):
+            return line.split("=", 1)[1].strip()
+    raise AssertionError("no K8S_VERSION in tools/k8s/versions.env")
 
 
-def test_two_cpu_and_two_gpu_fake_nodes_are_ready(kube: Kube):
-    nodes = kube.get("/api/v1/nodes")["items"]
-    ready = {
-        n["metadata"]["name"]: n["status"]["allocatable"]
-        for n in nodes
-        if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
+def test_the_api_server_reports_the_pinned_release(kube: Kube):
+    # the server's own /version, and kubectl's view of the server and of itself
+    server = kube.get("/version")
+    assert server["gitVersion"] == pinned_release(), server
+    assert (server["major"], server["minor"]) == ("1", pinned_release().split(".")[1])
+    both = json.loads(kube.kubectl("version", "-o", "json").stdout)
+    assert both["serverVersion"]["gitVersion"] == server["gitVersion"]
+    # kubectl from PyPI is of the same release (a skewed one may mis-handle new fields)
+    assert both["clientVersion"]["gitVersion"] == server["gitVersion"], both
+
+
+def test_kwok_runs_the_four_fake_nodes(kube: Kube):
+    """What kwok made of the bare Node objects the fixture posted (no status conditions,
+    addresses, node info or leases): Ready nodes on 127.0.0.1 with a renewed lease each."""
+    names = [node.name for node in local_cluster.DEFAULT_NODES]
+    for name in names:
+        node = kube.get(f"/api/v1/nodes/{name}")
+        ready = condition(node, "Ready")
+        assert ready and ready["status"] == "True", node["status"]
+        assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
+        assert "kwok" in node["status"]["nodeInfo"]["kubeletVersion"], node["status"]["nodeInfo"]
+        lease = wait_until(
+            f"node {name}'s lease", lambda n=name: kube.get(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{n}")
+        )  # fmt: skip
+        # kwok holds each node's lease (under its own identity) and renews it, as a kubelet
+        assert lease["spec"].get("holderIdentity") and lease["spec"].get("renewTime"), lease
+        owners = lease["metadata"].get("ownerReferences") or []
+        assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [
+            ("Node", name, node["metadata"]["uid"])
+        ], lease["metadata"]
+
+
+def _pod(ns: str, name: str, gpus: int, tolerate: bool) -> dict:
+    spec: dict = {
+        "containers": [
+            {
+                "name": "main",
+                "image": "gpu-job:1",
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+            }
+        ]
     }
-    assert {"cpu-node-1", "cpu-node-2", "gpu-node-1", "gpu-node-2"} <= set(ready)
-    gpus = {name: alloc.get("nvidia.com/gpu") for name, alloc in ready.items()}
-    assert gpus["gpu-node-1"] == gpus["gpu-node-2"] == "2"
-    assert gpus["cpu-node-1"] is None and gpus["cpu-node-2"] is None
+    if tolerate:
+        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": spec}  # fmt: skip
+
+
+def test_the_scheduler_places_by_the_gpu_nodes_allocatable_and_taints(kube: Kube, ns: str):
+    """The scheduler's decisions, not the nodes' declared values: a pod asking for a GPU node's
+    2 GPUs is bound to one; 3 GPUs fit no node; a GPU pod that does not tolerate the GPU taint
+    fits none either."""
+    kube.apply([_pod(ns, "two", 2, True), _pod(ns, "three", 3, True),
+                _pod(ns, "untolerated", 1, False)])  # fmt: skip
+
+    def scheduled(name: str) -> dict | None:
+        return condition(kube.get(f"/api/v1/namespaces/{ns}/pods/{name}"), "PodScheduled")
+
+    wait_until("pod two bound", lambda: (c := scheduled("two")) and c["status"] == "True",
+                       timeout=120, explain=lambda: kube.events(ns))  # fmt: skip
+    two = kube.get(f"/api/v1/namespaces/{ns}/pods/two")
+    assert two["spec"]["nodeName"] in ("gpu-node-1", "gpu-node-2"), two["spec"]
+    wait_until("pod two Running (kwok)",
+               lambda: kube.get(f"/api/v1/namespaces/{ns}/pods/two")["status"]["phase"] == "Running")  # fmt: skip
+    for name in ("three", "untolerated"):
+        wait_until(
+            f"pod {name} Unschedulable",
+            lambda n=name: (c := scheduled(n)) and c.get("reason") == "Unschedulable" and c,
+            timeout=60,
+            explain=lambda: kube.events(ns),
+        )
+        assert not kube.get(f"/api/v1/namespaces/{ns}/pods/{name}")["spec"].get("nodeName")
+    # the scheduler's words: every node lacks a third GPU; the CPU nodes lack any GPU, the GPU
+    # nodes are tainted
+    assert (
+        "0/4 nodes are available: 4 Insufficient nvidia.com/gpu." in scheduled("three")["message"]
+    )
+    assert (
+        "0/4 nodes are available: 2 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint"
+        in scheduled("untolerated")["message"]
+    )
 
 
 def test_a_deployment_gets_running_ready_pods_on_fake_nodes(kube: Kube, ns: str):
