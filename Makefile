@@ -58,11 +58,16 @@ test-heavy: model
 cluster-bin: setup
 	PY=$(PY) scripts/build_control_plane.sh
 
-# that control plane on 127.0.0.1 in the background, with two CPU and two GPU fake nodes;
-# prints `export KUBECONFIG=...`; `make cluster-down` stops it
+# that control plane on 127.0.0.1 in the background (state, logs and kubeconfig in
+# ~/.cache/sluice/cluster/), with two CPU and two GPU fake nodes and the CRDs of crds/
+# installed; prints one line to paste: `export KUBECONFIG=... PATH=<bin>:$PATH` (<bin> holds
+# the kubectl of the server's release). Over a running cluster it starts nothing; over a
+# half-running one (a process died, or `up` was killed) it stops what is left and starts afresh
 cluster: cluster-bin
 	@$(PY) scripts/local_cluster.py up
 
+# stops every process `make cluster` started (the state file lists each one as it starts), even
+# when `up` was killed half-way
 cluster-down:
 	@$(PY) scripts/local_cluster.py down
 
