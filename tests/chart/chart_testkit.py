@@ -32,7 +32,7 @@ ALL_ON: dict[str, Any] = {
     },
     "operator": {
         "replicas": 2,
-        "peering": {"enabled": True},
+        "leaderElection": {"enabled": True},
         "verbose": True,
         "logFormat": "json",
         "imagePullSecrets": [{"name": "regcred"}],
@@ -111,7 +111,7 @@ def plain_env(container: Mapping[str, Any]) -> dict[str, str]:
 
 # Kinds whose schema is not part of Kubernetes: the Prometheus Operator's (not installed
 # here; the fields the chart sets, checked strictly against the monitoring.coreos.com/v1
-# API reference) and Kopf's peering objects (checked against crds/kopf-peering.yaml).
+# API reference).
 _META = {
     "type": "object",
     "required": ["name", "namespace", "labels"],
@@ -230,31 +230,12 @@ PROMETHEUSRULE_SCHEMA = {
 }
 
 
-@functools.cache
-def _peering_validators() -> dict[str, jsonschema.Draft4Validator]:
-    validators = {}
-    for crd in crd_objects():
-        if crd["spec"]["group"] != "kopf.dev":
-            continue
-        schema = dict(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
-        scope = crd["spec"]["scope"]
-        meta = {**_META, "required": ["name", "namespace"] if scope == "Namespaced" else ["name"]}
-        schema["properties"] = {**schema["properties"], "metadata": meta}
-        schema["properties"]["apiVersion"] = {"const": "kopf.dev/v1"}
-        schema["properties"]["kind"] = {"const": crd["spec"]["names"]["kind"]}
-        schema["additionalProperties"] = False
-        validators[crd["spec"]["names"]["kind"]] = jsonschema.Draft4Validator(schema)
-    return validators
-
-
 def validate(obj: Mapping[str, Any]) -> None:
     """Validate one rendered object like `kubectl apply --validate=strict` would."""
     kind = obj["kind"]
     if obj["apiVersion"] == "monitoring.coreos.com/v1":
         schema = {"PodMonitor": PODMONITOR_SCHEMA, "PrometheusRule": PROMETHEUSRULE_SCHEMA}[kind]
         jsonschema.Draft7Validator(schema).validate(obj)
-    elif obj["apiVersion"] == "kopf.dev/v1":
-        _peering_validators()[kind].validate(obj)
     else:
         kubernetes_validate.validate(dict(obj), K8S_VERSION, strict=True)
 

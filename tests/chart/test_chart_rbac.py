@@ -22,46 +22,48 @@ WATCHED = ["team-a", "team-b"]
 CLUSTER = None  # the "namespace" of a cluster-wide grant
 
 SCENARIOS = [
-    pytest.param(clusterwide, peering, podmonitors, id=f"{scope}-{peer}-{pm}")
-    for (clusterwide, scope), (peering, peer), (podmonitors, pm) in itertools.product(
+    pytest.param(clusterwide, election, podmonitors, id=f"{scope}-{peer}-{pm}")
+    for (clusterwide, scope), (election, peer), (podmonitors, pm) in itertools.product(
         [(True, "clusterwide"), (False, "namespaced")],
-        [(False, "standalone"), (True, "peering")],
+        [(False, "single"), (True, "elected")],
         [(True, "podmonitors"), (False, "no-podmonitors")],
     )
 ]
 
 
-def values_for(clusterwide: bool, peering: bool, podmonitors: bool) -> dict[str, Any]:
+def values_for(clusterwide: bool, election: bool, podmonitors: bool) -> dict[str, Any]:
     return {
         "operator": {
             "watchNamespaces": [] if clusterwide else WATCHED,
-            "peering": {"enabled": peering},
-            "replicas": 2 if peering else 1,
+            "leaderElection": {"enabled": election},
+            "replicas": 2 if election else 1,
         },
         "rbac": {"podMonitors": podmonitors},
     }
 
 
-def needed(p: Permission, clusterwide: bool, peering: bool, podmonitors: bool) -> bool:
+def needed(p: Permission, clusterwide: bool, election: bool, podmonitors: bool) -> bool:
     """Whether the operator needs permission `p` with these settings (operator/rbac.py's
-    `when`; Kopf peers through a ClusterKopfPeering when it watches the whole cluster and
-    through a KopfPeering in each namespace otherwise)."""
+    `when`)."""
     return {
         "always": True,
         "namespaces": not clusterwide,
         "podmonitors": podmonitors,
         "inferencepools": True,  # rbac.inferencePools' default
-        "peering": peering and (p.scope == "cluster") == clusterwide,
+        "leaderelection": election,
     }[p.when]
 
 
-def expected_grants(clusterwide: bool, peering: bool, podmonitors: bool) -> set[tuple]:
+def expected_grants(clusterwide: bool, election: bool, podmonitors: bool) -> set[tuple]:
     """(namespace or CLUSTER, api group, resource, verb) the operator must hold."""
     grants = set()
     for p in REQUIRED_PERMISSIONS:
-        if not needed(p, clusterwide, peering, podmonitors):
+        if not needed(p, clusterwide, election, podmonitors):
             continue
-        where = [CLUSTER] if clusterwide or p.scope == "cluster" else WATCHED
+        if p.scope == "operator":  # the Lease: the release namespace only
+            where = [NAMESPACE]
+        else:
+            where = [CLUSTER] if clusterwide or p.scope == "cluster" else WATCHED
         grants |= {(ns, p.api_group, p.resource, verb) for ns in where for verb in p.verbs}
     return grants
 
@@ -109,26 +111,27 @@ def allows(objects, namespace: str, group: str, resource: str, verb: str) -> boo
     )
 
 
-@pytest.mark.parametrize("clusterwide, peering, podmonitors", SCENARIOS)
-def test_rbac_grants_exactly_the_permission_table(clusterwide, peering, podmonitors):
-    objects = render_objects(values_for(clusterwide, peering, podmonitors))
-    assert granted(objects) == expected_grants(clusterwide, peering, podmonitors)
+@pytest.mark.parametrize("clusterwide, election, podmonitors", SCENARIOS)
+def test_rbac_grants_exactly_the_permission_table(clusterwide, election, podmonitors):
+    objects = render_objects(values_for(clusterwide, election, podmonitors))
+    assert granted(objects) == expected_grants(clusterwide, election, podmonitors)
 
 
-@pytest.mark.parametrize("clusterwide, peering, podmonitors", SCENARIOS)
+@pytest.mark.parametrize("clusterwide, election, podmonitors", SCENARIOS)
 def test_every_needed_permission_is_allowed_where_the_operator_works(
-    clusterwide, peering, podmonitors
+    clusterwide, election, podmonitors
 ):
-    objects = render_objects(values_for(clusterwide, peering, podmonitors))
+    objects = render_objects(values_for(clusterwide, election, podmonitors))
     for p in REQUIRED_PERMISSIONS:
-        if needed(p, clusterwide, peering, podmonitors):
-            for ns, verb in itertools.product(WATCHED, p.verbs):
+        if needed(p, clusterwide, election, podmonitors):
+            where = [NAMESPACE] if p.scope == "operator" else WATCHED
+            for ns, verb in itertools.product(where, p.verbs):
                 assert allows(objects, ns, p.api_group, p.resource, verb), (ns, p, verb)
 
 
-@pytest.mark.parametrize("clusterwide, peering, podmonitors", SCENARIOS)
-def test_rbac_has_no_wildcards_or_special_grants(clusterwide, peering, podmonitors):
-    objects = render_objects(values_for(clusterwide, peering, podmonitors))
+@pytest.mark.parametrize("clusterwide, election, podmonitors", SCENARIOS)
+def test_rbac_has_no_wildcards_or_special_grants(clusterwide, election, podmonitors):
+    objects = render_objects(values_for(clusterwide, election, podmonitors))
     for _, rule in bound_rules(objects):
         assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no nonResourceURLs
         assert len(rule["apiGroups"]) == len(rule["resources"]) == 1, rule

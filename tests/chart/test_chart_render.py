@@ -40,15 +40,14 @@ def test_defaults_render_the_operator_and_its_rbac_only():
 
 def test_every_optional_feature_renders():
     assert kinds(render_objects(ALL_ON)) == [
-        "ClusterKopfPeering", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-        "ConfigMap", "Deployment", "PodMonitor", "PrometheusRule", "ServiceAccount",
+        "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
+        "Deployment", "PodMonitor", "PrometheusRule", "Role", "RoleBinding", "ServiceAccount",
     ]  # fmt: skip
     namespaced = render_objects(NAMESPACED_ALL_ON)
-    assert {o["metadata"]["namespace"] for o in find(namespaced, "KopfPeering")} == {
-        "team-a",
-        "team-b",
-    }
-    assert not find(namespaced, "ClusterKopfPeering")
+    # the Lease's Role lives in the release namespace, whatever namespaces are watched
+    assert {o["metadata"]["namespace"] for o in find(namespaced, "Role")} == {
+        "team-a", "team-b", "sluice-system",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("name", VALUE_SETS)
@@ -62,9 +61,7 @@ def test_every_rendered_object_is_valid_for_kubernetes_1_30(name):
 
 def test_the_crds_the_chart_installs_are_valid_for_kubernetes_1_30():
     crds = crd_objects()
-    assert sorted(c["metadata"]["name"] for c in crds) == [
-        "clusterkopfpeerings.kopf.dev", "inferenceservices.sluice.dev", "kopfpeerings.kopf.dev",
-    ]  # fmt: skip
+    assert sorted(c["metadata"]["name"] for c in crds) == ["inferenceservices.sluice.dev"]
     for crd in crds:
         validate(crd)
 
@@ -72,7 +69,7 @@ def test_the_crds_the_chart_installs_are_valid_for_kubernetes_1_30():
 def test_validation_catches_a_bad_object():
     """The validators used above are not vacuous: one wrong field fails each kind."""
     objects = render_objects(ALL_ON)
-    for kind in ("Deployment", "ClusterRole", "PodMonitor", "PrometheusRule", "ClusterKopfPeering"):
+    for kind in ("Deployment", "ClusterRole", "PodMonitor", "PrometheusRule", "Role"):
         broken = dict(find(objects, kind)[0])
         broken["spec" if "spec" in broken else "metadata"] = {
             **broken.get("spec", broken["metadata"]),
@@ -142,14 +139,14 @@ def test_operator_pod_is_restricted_and_probed():
     assert pod["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"]
 
 
-def test_standalone_operator_is_recreated_and_peered_replicas_roll():
+def test_a_single_operator_is_recreated_and_elected_replicas_roll():
     assert one(render_objects(DEFAULTS), "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
-    peered = one(render_objects(ALL_ON), "Deployment")["spec"]
-    assert peered["replicas"] == 2 and peered["strategy"]["type"] == "RollingUpdate"
+    elected = one(render_objects(ALL_ON), "Deployment")["spec"]
+    assert elected["replicas"] == 2 and elected["strategy"]["type"] == "RollingUpdate"
 
 
-def test_more_than_one_replica_without_peering_is_refused():
-    with pytest.raises(helm.HelmError, match="/operator/peering/enabled"):
+def test_more_than_one_replica_without_leader_election_is_refused():
+    with pytest.raises(helm.HelmError, match="/operator/leaderElection/enabled"):
         render({"operator": {"replicas": 2}})
 
 

@@ -89,7 +89,7 @@ def test_every_value_in_values_yaml_is_commented():
     [
         ({"operator": {"logFormat": "xml"}}, "/operator/logFormat", "one of 'plain', 'full', 'json'"),
         ({"operator": {"podMonitors": "always"}}, "/operator/podMonitors", "one of 'auto', 'never'"),
-        ({"operator": {"replicas": 2}}, "/operator/peering/enabled", "must be true"),
+        ({"operator": {"replicas": 2}}, "/operator/leaderElection/enabled", "must be true"),
         ({"operator": {"replicas": -1}}, "/operator/replicas", "minimum"),
         ({"operator": {"watchNamespaces": ["Team_A"]}}, "/operator/watchNamespaces/0", "does not match pattern"),
         ({"operator": {"watchNamespaces": "team-a"}}, "/operator/watchNamespaces", "want array"),
@@ -116,7 +116,7 @@ def test_schema_rejects_bad_values_with_a_clear_message(values, where, why):
 def test_schema_accepts_the_documented_examples():
     chart().validate_schema(
         {
-            "operator": {"replicas": 3, "peering": {"enabled": True, "name": "sluice-ha"}},
+            "operator": {"replicas": 3, "leaderElection": {"enabled": True, "leaseName": "sluice-ha"}},
             "runtime": {"image": {"repository": "ghcr.io/acme/sluice-runtime", "tag": "0.1.0-cpu"}},
             "monitoring": {"enabled": True, "podMonitor": {"interval": "1m30s"}},
         }

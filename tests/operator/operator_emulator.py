@@ -27,7 +27,8 @@ an API server adds. `SluiceEmulator` fills the gaps:
 Test controls: `faults` (fail matching requests), `muted` (drop watch events of a
 resource, like a watch that missed them), `gc_held`, `denied` (RBAC: the operator's
 requests for a resource, watches included, answer 403 Forbidden with the message a real
-API server writes; discovery stays allowed, as `system:discovery` grants it).
+API server writes, and a SelfSubjectAccessReview says so; discovery stays allowed, as
+`system:discovery` grants it).
 
 Not emulated (covered elsewhere): schema validation and defaulting beyond the fields in
 field_managers.DEFAULTS (operator_validators.py and kubernetes-validate in the tests),
@@ -51,6 +52,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import aiohttp.web
 import attrs
 import field_managers as fm
 import jsonpatch
@@ -153,6 +155,8 @@ class SluiceEmulator(kmock.KubernetesEmulator):
             ):
                 fault[3] -= 1
                 raise kmock.KubernetesError(status, "Injected", f"injected failure {status}")
+        if request.url.path.endswith("/selfsubjectaccessreviews"):
+            return aiohttp.web.json_response(self._access_review(request), status=201)
         forbidden = self._forbidden(request)
         if forbidden is not None:
             raise kmock.KubernetesError(403, "Forbidden", forbidden)
@@ -188,6 +192,16 @@ class SluiceEmulator(kmock.KubernetesEmulator):
             f' "system:serviceaccount:sluice-system:sluice-operator" cannot {verb} resource'
             f' "{resource.plural}" in API group "{group}"{where}'
         )
+
+    def _access_review(self, request: kmock.Request) -> dict[str, Any]:
+        """A SelfSubjectAccessReview answered from `denied`, as RBAC would (every
+        authenticated user may create one: `system:basic-user`)."""
+        review = copy.deepcopy(request.data or {})
+        attributes = (review.get("spec") or {}).get("resourceAttributes") or {}
+        verbs = self.denied.get(attributes.get("resource", ""))
+        denied = verbs is not None and (not verbs or attributes.get("verb") in verbs)
+        review["status"] = {"allowed": not denied, **({"denied": True} if denied else {})}
+        return review
 
     async def _mutate(self, request: kmock.Request) -> None:
         if request.action == kmock.action.CREATE:

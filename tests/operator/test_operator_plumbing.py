@@ -61,8 +61,10 @@ def test_rbac_table_is_well_formed():
     seen = set()
     for p in rbac.REQUIRED_PERMISSIONS:
         assert set(p.verbs) <= VERBS, p
-        assert p.scope in ("workload", "cluster"), p
-        assert p.when in ("always", "peering", "namespaces", "podmonitors", "inferencepools"), p
+        assert p.scope in ("workload", "cluster", "operator"), p
+        assert p.when in (
+            "always", "leaderelection", "namespaces", "podmonitors", "inferencepools"
+        ), p
         assert p.why, p
         assert (p.api_group, p.resource) not in seen, p
         seen.add((p.api_group, p.resource))

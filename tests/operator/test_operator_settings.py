@@ -10,7 +10,7 @@ from sluice.operator.settings import Settings
 def test_defaults_without_environment():
     settings = Settings.from_env({})
     assert settings == Settings()
-    assert settings.clusterwide and settings.standalone
+    assert settings.clusterwide and not settings.leader_election
     assert settings.default_image == "sluice-runtime:latest"
 
 
@@ -23,8 +23,13 @@ def test_environment_sets_every_field():
             "SLUICE_VERBOSE": "true",
             "SLUICE_CLUSTER_DOMAIN": "corp.local",
             "SLUICE_POD_MONITORS": "never",
-            "SLUICE_PEERING": "sluice",
-            "SLUICE_PRIORITY": "100",
+            "SLUICE_LEADER_ELECTION": "true",
+            "SLUICE_LEASE_NAME": "sluice-leader",
+            "SLUICE_LEASE_NAMESPACE": "sluice-system",
+            "SLUICE_IDENTITY": "sluice-operator-abc",
+            "SLUICE_LEASE_DURATION_SECONDS": "20",
+            "SLUICE_RENEW_DEADLINE_SECONDS": "12",
+            "SLUICE_RETRY_PERIOD_SECONDS": "3",
             "SLUICE_LIVENESS_ENDPOINT": "http://0.0.0.0:8080/healthz",
             "SLUICE_RETRY_DELAY_SECONDS": "2.5",
             "SLUICE_RETRY_MAX_DELAY_SECONDS": "60",
@@ -43,8 +48,13 @@ def test_environment_sets_every_field():
         verbose=True,
         cluster_domain="corp.local",
         pod_monitors="never",
-        peering="sluice",
-        priority=100,
+        leader_election=True,
+        lease_name="sluice-leader",
+        lease_namespace="sluice-system",
+        identity="sluice-operator-abc",
+        lease_duration_seconds=20.0,
+        renew_deadline_seconds=12.0,
+        retry_period_seconds=3.0,
         liveness_endpoint="http://0.0.0.0:8080/healthz",
         retry_delay_seconds=2.5,
         retry_max_delay_seconds=60.0,
@@ -55,7 +65,7 @@ def test_environment_sets_every_field():
         roll_on_upgrade=True,
         scheduling_grace_seconds=0.0,
     )
-    assert not settings.clusterwide and not settings.standalone
+    assert not settings.clusterwide and settings.leader_election
 
 
 def test_the_scheduling_grace_defaults_to_ten_minutes_and_has_a_flag():
@@ -100,3 +110,12 @@ def test_flags_override_the_environment():
 def test_invalid_settings_are_refused_at_startup(env):
     with pytest.raises(ValueError):
         Settings.from_env(env)
+
+
+def test_leader_election_needs_a_namespace_and_ordered_periods():
+    with pytest.raises(ValueError, match="SLUICE_LEASE_NAMESPACE"):
+        Settings(leader_election=True)
+    with pytest.raises(ValueError, match="retry period < renew deadline < lease duration"):
+        Settings(leader_election=True, lease_namespace="ops", renew_deadline_seconds=20.0)
+    flagged = Settings().with_flags(["--leader-election", "--lease-namespace", "ops"])
+    assert flagged.leader_election and flagged.lease_namespace == "ops"

@@ -65,8 +65,8 @@ app.kubernetes.io/component: operator
 {{- if empty .Values.operator.watchNamespaces }}true{{ end }}
 {{- end }}
 
-{{- define "sluice.peeringName" -}}
-{{- default (include "sluice.fullname" .) .Values.operator.peering.name }}
+{{- define "sluice.leaseName" -}}
+{{- default (include "sluice.fullname" .) .Values.operator.leaderElection.leaseName }}
 {{- end }}
 
 {{/* Monitoring extras: on when monitoring.enabled and their own switch are both on. */}}
@@ -98,9 +98,7 @@ Whether a permission of files/operator-rbac.yaml applies to these settings
   namespaces  a namespace list is watched (Kopf resolves namespaces);
   podmonitors rbac.podMonitors (the operator touches PodMonitors where their API exists);
   inferencepools rbac.inferencePools (InferencePools, where their API exists);
-  peering     peering on, and the peering kind that matches the operator's scope:
-              cluster-scoped ClusterKopfPeering for a cluster-wide operator,
-              namespaced KopfPeering for one that watches a namespace list.
+  leaderelection operator.leaderElection.enabled (the Lease, in the release namespace).
 */}}
 {{- define "sluice.permissionWanted" -}}
 {{- $root := .root }}
@@ -110,8 +108,7 @@ Whether a permission of files/operator-rbac.yaml applies to these settings
 {{- else if eq $p.when "namespaces" }}{{ if not $clusterwide }}true{{ end }}
 {{- else if eq $p.when "podmonitors" }}{{ if $root.Values.rbac.podMonitors }}true{{ end }}
 {{- else if eq $p.when "inferencepools" }}{{ if $root.Values.rbac.inferencePools }}true{{ end }}
-{{- else if eq $p.when "peering" }}
-{{- if and $root.Values.operator.peering.enabled (eq (eq $p.scope "cluster") (eq $clusterwide "true")) }}true{{ end }}
+{{- else if eq $p.when "leaderelection" }}{{ if $root.Values.operator.leaderElection.enabled }}true{{ end }}
 {{- else }}
 {{- fail (printf "files/operator-rbac.yaml: unknown `when` %q for %s" $p.when $p.resource) }}
 {{- end }}

@@ -18,9 +18,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     kopf.run(
         clusterwide=settings.clusterwide,
         namespaces=settings.namespaces,
-        standalone=settings.standalone,
-        peering_name=settings.peering,
-        priority=settings.priority,
+        # HA is our Lease (leader.py): Kopf's own peering is never used
+        standalone=True,
         liveness_endpoint=settings.liveness_endpoint,
         memo=kopf.Memo(settings=settings),
     )

@@ -16,6 +16,10 @@ wait for the resync.
 A reconcile reads the watch cache (cache.py), except a fresh one, which reads the API
 server: the first of a key, a retry after a failure, and at least once per resync period
 (the resync itself), so a missed watch event is healed within one resync.
+
+With leader election (leader.py) every replica queues what it sees, but workers run only
+while it leads: they start when it takes the Lease and are cancelled when it loses it (a
+reconcile cut short is queued again; the fence has already refused its writes).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .kube import ApiError
+from .leader import LeaderElection, NotLeader
 from .reconcile import Context, StatusConflict, reconcile
 from .workqueue import Backoff, WorkQueue
 
@@ -43,20 +48,41 @@ class Controller:
             Backoff(settings.retry_delay_seconds, settings.retry_max_delay_seconds)
         )
         self._workers: list[asyncio.Task[None]] = []
+        self._election: LeaderElection | None = None
+        self._campaign: asyncio.Task[None] | None = None
         self._generations: dict[Key, int] = {}  # the generation last reconciled
         self._fresh_at: dict[Key, float] = {}  # when a reconcile last read everything fresh
 
     @property
     def running(self) -> bool:
-        return bool(self._workers)
+        return bool(self._workers) or self._campaign is not None
+
+    def elect(self, election: LeaderElection) -> None:
+        """Reconcile only while holding this election's Lease (call before `start`)."""
+        self._election = election
 
     def start(self) -> None:
+        if self._election is None:
+            self._start_workers()
+            return
+        self._campaign = asyncio.get_running_loop().create_task(
+            self._election.run(self._start_workers, self._stop_workers), name="leader-election"
+        )
+
+    async def stop(self) -> None:
+        self.queue.close()
+        await self._stop_workers()
+        if self._campaign is not None:
+            self._campaign.cancel()
+            await asyncio.gather(self._campaign, return_exceptions=True)
+            self._campaign = None
+
+    def _start_workers(self) -> None:
         for index in range(self.ctx.settings.workers):
             task = asyncio.get_running_loop().create_task(self._work(), name=f"reconciler-{index}")
             self._workers.append(task)
 
-    async def stop(self) -> None:
-        self.queue.close()
+    async def _stop_workers(self) -> None:
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
@@ -82,6 +108,9 @@ class Controller:
             key = await self.queue.get()
             try:
                 await self._run(key)
+            except asyncio.CancelledError:
+                self.queue.add(key)  # cut short (leadership lost, or stopping): not done
+                raise
             finally:
                 self.queue.done(key)
 
@@ -105,6 +134,10 @@ class Controller:
                 seen=lambda generation: self._generations.__setitem__(key, generation),
                 fresh=self._fresh(key),
             )
+        except NotLeader as fenced:
+            logger.warning(f"[{where}] {fenced}")
+            self.queue.add_rate_limited(key)
+            return
         except StatusConflict:
             logger.info(f"[{where}] changed while reconciling; again")
             self.queue.add_rate_limited(key)

@@ -11,14 +11,16 @@ Kopf keeps no state on the InferenceService: no finalizer (deleting one never wa
 the operator; garbage collection removes the children), no progress annotations (no
 change/create/update handlers), and the status is written by the reconcile alone.
 
-High availability: run one replica with `--standalone` (the default), or several with
-Kopf peering — see operator/README.md.
+High availability: one replica (the default), or several with leader election on a Lease
+(leader.py): every replica watches and fills its queue, only the holder reconciles.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +32,8 @@ from .cache import Cache
 from .children import controller_of
 from .controller import Controller
 from .kube import KubeApi
+from .leader import LeaderElection
+from .optional import OPTIONAL_RESOURCES, OptionalApis
 from .reconcile import Context
 from .settings import Settings
 
@@ -47,12 +51,9 @@ REQUIRED_CHILD_KINDS = (
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 )
-# watched unless the settings turn them off (no RBAC for them: see optional.py)
-OPTIONAL_CHILD_KINDS = {
-    "pod_monitors": ("monitoring.coreos.com", "v1", "podmonitors"),
-    "inference_pools": ("inference.networking.k8s.io", "v1", "inferencepools"),
-}
-CHILD_KINDS = (*REQUIRED_CHILD_KINDS, *OPTIONAL_CHILD_KINDS.values())
+# watched unless off or denied (optional.py)
+OPTIONAL_CHILD_KINDS = tuple((r.group, r.version, r.plural) for r in OPTIONAL_RESOURCES)
+CHILD_KINDS = (*REQUIRED_CHILD_KINDS, *OPTIONAL_CHILD_KINDS)
 PODS = ("", "v1", "pods")
 REPLICASETS = ("apps", "v1", "replicasets")  # the rollout's readiness (status.py)
 
@@ -73,9 +74,25 @@ async def startup(
     api = KubeApi(timeout=ours.api_timeout_seconds)
     memo["api"] = api
     cache = memo["cache"] = Cache()
-    memo["controller"] = Controller(Context.create(ours, api, cache))
+    ctx = Context.create(ours, api, cache)
+    controller = memo["controller"] = Controller(ctx)
     configure_kopf(settings)
-    watch_optional_kinds(kopf.get_default_registry(), ours)
+    api.use(login(logger=logger, settings=settings))
+    for resource, why in (await ctx.optional.check_watch_access()).items():
+        logger.warning(f"{resource.kind}s are not watched: {why}.")
+    watch_optional_kinds(kopf.get_default_registry(), ctx.optional)
+    if ours.leader_election:
+        identity = ours.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        api.user_agent = f"{c.FIELD_MANAGER}/{identity}"
+        election = LeaderElection(
+            api,
+            namespace=ours.lease_namespace,
+            name=ours.lease_name,
+            identity=identity,
+            timing=ours.lease_timing,
+        )
+        api.fence = election.check
+        controller.elect(election)
     logger.info(
         f"Sluice operator starting: default image {ours.default_image}, pod monitors"
         f" {ours.pod_monitors}, resync every {ours.resync_seconds:g}s, {ours.workers} workers,"
@@ -160,15 +177,16 @@ def crd_schema_warning(crd: Mapping[str, Any]) -> str | None:
     )
 
 
-def watch_optional_kinds(registry: kopf.OperatorRegistry, settings: Settings) -> None:
-    """Watch the optional kinds the settings do not turn off (a watch without RBAC would
-    fail forever). Runs at start-up, before Kopf starts its watches; an operator started
-    again in the same process (tests) re-decides."""
+def watch_optional_kinds(registry: kopf.OperatorRegistry, optional: OptionalApis) -> None:
+    """Watch the optional kinds that are neither off nor denied (Kopf's watcher stops the
+    whole operator on a 403). Runs at start-up, before Kopf starts its watches; an
+    operator started again in the same process (tests) re-decides."""
     handlers = registry._watching._handlers  # Kopf has no public way to remove a handler
-    ids = {f"{kind[2]}-event" for kind in OPTIONAL_CHILD_KINDS.values()}
+    ids = {f"{resource.plural}-event" for resource in OPTIONAL_RESOURCES}
     handlers[:] = [handler for handler in handlers if handler.id not in ids]
-    for setting, kind in OPTIONAL_CHILD_KINDS.items():
-        if getattr(settings, setting) != "off":
+    for resource in OPTIONAL_RESOURCES:
+        if optional.watchable(resource):
+            kind = (resource.group, resource.version, resource.plural)
             kopf.on.event(*kind, labels=MANAGED, id=f"{kind[2]}-event", registry=registry)(
                 child_event
             )

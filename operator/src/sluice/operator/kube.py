@@ -11,13 +11,16 @@ stopped sending are released (removed unless another manager owns them), without
 read-modify-write races. The status is a merge patch with the resourceVersion it was
 computed from (409 if the object moved on). Every call made here is listed in
 `rbac.REQUIRED_PERMISSIONS`.
+
+With leader election on, `fence` is called before every write (not before reads, the
+Lease's own writes or access reviews): a replica that is not a fresh leader sends none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +67,7 @@ INFERENCEPOOLS = Resource(c.INFERENCE_GROUP, "v1", "inferencepools", "InferenceP
 REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet")
 PODS = Resource("", "v1", "pods", "Pod")
 EVENTS = Resource("", "v1", "events", "Event")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 CHILD_RESOURCES = (
     DEPLOYMENTS,
     SERVICES,
@@ -115,6 +119,8 @@ class KubeApi:
         self._info: kopf.ConnectionInfo | None = None
         self._session: aiohttp.ClientSession | None = None
         self._old_sessions: list[aiohttp.ClientSession] = []
+        self.fence: Callable[[], None] | None = None
+        self.user_agent = c.FIELD_MANAGER
 
     def use(self, info: kopf.ConnectionInfo) -> None:
         """Switch to new credentials (called from the operator's login handler)."""
@@ -232,6 +238,50 @@ class KubeApi:
             raise
         return True
 
+    async def create_lease(self, namespace: str, lease: Mapping[str, Any]) -> None:
+        """Create the leader election Lease (not fenced: it is how a replica becomes leader)."""
+        await self._request(
+            "POST",
+            LEASES.path(namespace),
+            params={"fieldManager": c.FIELD_MANAGER},
+            body=json.dumps(lease),
+            content_type="application/json",
+            fenced=False,
+        )
+
+    async def update_lease(self, namespace: str, name: str, lease: Mapping[str, Any]) -> None:
+        """Replace the Lease; its metadata.resourceVersion makes a lost race a 409."""
+        await self._request(
+            "PUT",
+            LEASES.path(namespace, name),
+            params={"fieldManager": c.FIELD_MANAGER},
+            body=json.dumps(lease),
+            content_type="application/json",
+            fenced=False,
+        )
+
+    async def may(self, verb: str, resource: Resource, namespace: str = "") -> tuple[bool, str]:
+        """Whether this identity may `verb` the resource (in `namespace`; "" for every
+        namespace), as the API server's SelfSubjectAccessReview answers, and its reason."""
+        attributes = {"verb": verb, "group": resource.group, "resource": resource.plural}
+        if namespace:
+            attributes["namespace"] = namespace
+        review = await self._request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            body=json.dumps(
+                {
+                    "apiVersion": "authorization.k8s.io/v1",
+                    "kind": "SelfSubjectAccessReview",
+                    "spec": {"resourceAttributes": attributes},
+                }
+            ),
+            content_type="application/json",
+            fenced=False,
+        )
+        status = review.get("status") or {}
+        return bool(status.get("allowed")), str(status.get("reason") or "")
+
     async def serves(self, resource: Resource) -> bool:
         """Whether the API server serves this resource (e.g. an optional CRD is installed)."""
         try:
@@ -250,9 +300,12 @@ class KubeApi:
         params: Mapping[str, str] | None = None,
         body: str | None = None,
         content_type: str | None = None,
+        fenced: bool = True,
     ) -> dict[str, Any]:
         if self._info is None:
             raise ApiError(0, "NotLoggedIn", "no credentials yet")
+        if fenced and method != "GET" and self.fence is not None:
+            self.fence()
         session = self._ensure_session()
         headers = {"Accept": "application/json"}
         if content_type:
@@ -275,7 +328,7 @@ class KubeApi:
             info = self._info
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=info.as_ssl_context()),
-                headers={**info.as_http_headers(), "User-Agent": c.FIELD_MANAGER},
+                headers={**info.as_http_headers(), "User-Agent": self.user_agent},
                 timeout=self._timeout,
                 trust_env=info.trust_env,
             )

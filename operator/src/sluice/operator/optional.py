@@ -10,7 +10,10 @@ For one reconcile each is in one state:
               `SLUICE_INFERENCE_POOLS=off`; the chart sets them with `rbac.podMonitors` /
               `rbac.inferencePools` false): never read, written or watched
   FORBIDDEN   the API server answered 403 (RBAC without `off`, an admission policy, a
-              quota): left alone in that namespace until the denial is `retry_seconds` old
+              quota): left alone in that namespace until the denial is `retry_seconds` old;
+              or, asked at start-up (a SelfSubjectAccessReview per verb), the operator may
+              not list or watch the kind: never watched nor touched until a restart
+              (a watch Kopf is refused would stop the whole operator)
 
 Discovery answers are cached for `retry_seconds` (the resync period) and dropped at once
 when a CustomResourceDefinition changes (handlers.py), so installing the Prometheus
@@ -77,6 +80,7 @@ class OptionalApis:
         self._now = now
         self._served: dict[Resource, tuple[bool, float]] = {}
         self._denied: dict[tuple[Resource, str], tuple[str, float]] = {}
+        self._unwatched: dict[Resource, str] = {}
 
     def off(self, resource: Resource) -> bool:
         mode = (
@@ -89,6 +93,8 @@ class OptionalApis:
     async def state(self, resource: Resource, namespace: str) -> OptionalState:
         if self.off(resource):
             return OptionalState(resource.kind, OFF)
+        if resource in self._unwatched:
+            return OptionalState(resource.kind, FORBIDDEN, self._unwatched[resource])
         denied = self._denied.get((resource, namespace))
         if denied is not None:
             if denied[1] > self._now():
@@ -97,6 +103,30 @@ class OptionalApis:
         if not await self.serves(resource):
             return OptionalState(resource.kind, NOT_SERVED)
         return OptionalState(resource.kind, USED)
+
+    def watchable(self, resource: Resource) -> bool:
+        """Whether Kopf watches this kind: not off, and not denied at start-up."""
+        return not self.off(resource) and resource not in self._unwatched
+
+    async def check_watch_access(self) -> dict[Resource, str]:
+        """Ask the API server (SelfSubjectAccessReview) whether this identity may list and
+        watch each optional kind that is not off, where the operator watches (every
+        namespace, or each namespace of its list). A kind it may not is never watched
+        and is reported FORBIDDEN with the verb; returns those kinds and why."""
+        where = self._settings.namespaces or ("",)
+        for resource in OPTIONAL_RESOURCES:
+            if self.off(resource):
+                continue
+            for verb in ("list", "watch"):
+                for namespace in where:
+                    allowed, reason = await self._api.may(verb, resource, namespace)
+                    if not allowed and resource not in self._unwatched:
+                        scope = f"in namespace {namespace}" if namespace else "cluster-wide"
+                        self._unwatched[resource] = (
+                            f"may not {verb} {resource.plural}.{resource.group} {scope}"
+                            f" ({reason or 'no RBAC rule grants it'}); not watched"
+                        )
+        return dict(self._unwatched)
 
     def deny(self, resource: Resource, namespace: str, message: str) -> OptionalState:
         self._denied[(resource, namespace)] = (message, self._now() + self._ttl)

@@ -4,13 +4,14 @@ The Helm chart builds its least-privilege ClusterRole/Role from this table, and 
 operator tests check that every request the operator sends to the API emulator is covered
 by it. `scope` says where the rule must apply: "workload" for the namespaces that hold
 InferenceServices (cluster-wide when the operator watches all namespaces), "cluster" for
-cluster-scoped resources. `when` names the operator setting that needs the rule:
-"always", "peering" (Kopf peering for HA, see README), "namespaces" (watching a list of
+cluster-scoped resources, "operator" for the operator's own namespace (its Lease). `when` names the operator setting that needs the rule:
+"always", "leaderelection" (several replicas, see leader.py), "namespaces" (watching a list of
 namespaces instead of the whole cluster), "podmonitors" (the Prometheus Operator's
 CRDs are installed) or "inferencepools" (the Gateway API Inference Extension's CRDs are).
 
 Discovery (`GET /api`, `/apis`, `/apis/<group>/<version>`) is allowed to every
-authenticated user by the built-in `system:discovery` role and needs no rule.
+authenticated user by the built-in `system:discovery` role, and a SelfSubjectAccessReview
+(what the operator may do, asked at start-up) by `system:basic-user`: neither needs a rule.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ class Permission:
     api_group: str
     resource: str
     verbs: tuple[str, ...]
-    scope: str  # "workload" | "cluster"
-    when: str  # "always" | "peering" | "namespaces" | "podmonitors" | "inferencepools"
+    scope: str  # "workload" | "cluster" | "operator"
+    when: str  # "always" | "leaderelection" | "namespaces" | "podmonitors" | "inferencepools"
     why: str
 
 
@@ -193,20 +194,12 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
         "Kopf resolves the watched namespaces (only when a namespace list is given)",
     ),
     Permission(
-        "kopf.dev",
-        "clusterkopfpeerings",
-        ("get", "list", "watch", "patch"),
-        "cluster",
-        "peering",
-        "Kopf peering of cluster-wide operator replicas",
-    ),
-    Permission(
-        "kopf.dev",
-        "kopfpeerings",
-        ("get", "list", "watch", "patch"),
-        "workload",
-        "peering",
-        "Kopf peering of namespace-scoped operator replicas",
+        "coordination.k8s.io",
+        "leases",
+        ("get", "create", "update"),
+        "operator",
+        "leaderelection",
+        "leader election: replicas campaign for, renew and release one Lease",
     ),
 )
 

@@ -13,8 +13,13 @@ handlers reads the environment: they get this object from Kopf's `memo`.
 | SLUICE_CLUSTER_DOMAIN           | cluster.local            | used in `status.url`                         |
 | SLUICE_POD_MONITORS             | auto                     | auto: PodMonitors where served; never; off   |
 | SLUICE_INFERENCE_POOLS          | auto                     | auto: InferencePools where served; off       |
-| SLUICE_PEERING                  | (empty: standalone)      | Kopf peering object name, for HA             |
-| SLUICE_PRIORITY                 | 0                        | this replica's peering priority              |
+| SLUICE_LEADER_ELECTION          | false                    | HA: only the Lease holder reconciles         |
+| SLUICE_LEASE_NAME               | sluice-operator          | the Lease's name                             |
+| SLUICE_LEASE_NAMESPACE          | (required with election) | the Lease's namespace (the operator's own)   |
+| SLUICE_IDENTITY                 | (empty: host name + uid) | this replica in the Lease (the pod's name)   |
+| SLUICE_LEASE_DURATION_SECONDS   | 15                       | a standby takes a Lease unrenewed this long  |
+| SLUICE_RENEW_DEADLINE_SECONDS   | 10                       | a leader unrenewed this long stops writing   |
+| SLUICE_RETRY_PERIOD_SECONDS     | 2                        | how often the Lease is tried or renewed      |
 | SLUICE_LIVENESS_ENDPOINT        | (empty: off)             | e.g. http://0.0.0.0:8080/healthz             |
 | SLUICE_RETRY_DELAY_SECONDS      | 10                       | first back-off after a failed reconcile      |
 | SLUICE_RETRY_MAX_DELAY_SECONDS  | 300                      | back-off cap (it doubles per failure)        |
@@ -39,6 +44,9 @@ PodMonitors and InferencePools are optional APIs: `auto` uses one where the API 
 serves it; `never` (PodMonitors) deletes ours and creates none; `off` means the operator
 has no access (the chart sets it when `rbac.podMonitors` / `rbac.inferencePools` is false):
 it neither watches, reads, creates nor deletes that kind (see optional.py).
+
+High availability is leader election on a Lease (leader.py): every replica watches, only
+the holder reconciles, and every write is fenced by the freshness of its Lease.
 """
 
 from __future__ import annotations
@@ -49,6 +57,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from . import constants
+
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    """client-go's leader election periods (leader.py)."""
+
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                "leader election needs 0 < retry period < renew deadline < lease duration:"
+                f" {self.retry_period:g}, {self.renew_deadline:g}, {self.lease_duration:g}"
+            )
+
 
 LOG_FORMATS = ("plain", "full", "json")
 POD_MONITOR_MODES = ("auto", "never", "off")
@@ -64,8 +89,13 @@ class Settings:
     cluster_domain: str = "cluster.local"
     pod_monitors: str = "auto"
     inference_pools: str = "auto"
-    peering: str | None = None
-    priority: int = 0
+    leader_election: bool = False
+    lease_name: str = "sluice-operator"
+    lease_namespace: str = ""
+    identity: str = ""
+    lease_duration_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
     liveness_endpoint: str | None = None
     retry_delay_seconds: float = 10.0
     retry_max_delay_seconds: float = 300.0
@@ -101,6 +131,13 @@ class Settings:
             raise ValueError("the maximum retry delay must not be below the retry delay")
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1: {self.workers}")
+        if self.leader_election:
+            if not self.lease_namespace:
+                raise ValueError(
+                    "leader election needs the Lease's namespace: set SLUICE_LEASE_NAMESPACE"
+                    " (the chart sets it to the operator's namespace)"
+                )
+            _ = self.lease_timing  # validates the three durations
         if self.run_as_user is not None and self.run_as_user < 1:
             raise ValueError(f"run as user must be a non-root uid or none: {self.run_as_user}")
 
@@ -109,8 +146,10 @@ class Settings:
         return not self.namespaces
 
     @property
-    def standalone(self) -> bool:
-        return not self.peering
+    def lease_timing(self) -> LeaseTiming:
+        return LeaseTiming(
+            self.lease_duration_seconds, self.renew_deadline_seconds, self.retry_period_seconds
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -140,9 +179,9 @@ def _env_name(field: str) -> str:
 def _convert(field: str, raw: str) -> object:
     if field == "namespaces":
         return tuple(ns.strip() for ns in raw.split(",") if ns.strip())
-    if field in ("verbose", "roll_on_upgrade"):
+    if field in ("verbose", "roll_on_upgrade", "leader_election"):
         return raw.lower() in ("1", "true", "yes", "on")
-    if field in ("priority", "workers"):
+    if field == "workers":
         return int(raw)
     if field == "run_as_user":
         return None if raw.lower() in ("none", "null", "platform") else int(raw)
@@ -176,8 +215,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--inference-pools", choices=INFERENCE_POOL_MODES,
         help="InferencePools: auto (where served), off (no access: untouched)",
     )  # fmt: skip
-    parser.add_argument("--peering", help="Kopf peering name (HA); default: standalone")
-    parser.add_argument("--priority", type=int, help="peering priority of this replica")
+    parser.add_argument(
+        "--leader-election", action="store_true", default=None,
+        help="HA: several replicas, only the holder of the Lease reconciles",
+    )  # fmt: skip
+    parser.add_argument("--lease-name", help="the leader election Lease's name")
+    parser.add_argument("--lease-namespace", help="the Lease's namespace (the operator's own)")
+    parser.add_argument("--identity", help="this replica's name in the Lease")
     parser.add_argument("--liveness-endpoint", help="e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--retry-delay-seconds", type=float, help="first back-off after a failure")
     parser.add_argument("--retry-max-delay-seconds", type=float, help="back-off cap")
