@@ -174,7 +174,7 @@ CHILD = textwrap.dedent(
     from pathlib import Path
     workdir = Path({workdir!r})
     workdir.mkdir(parents=True)
-    operator = OperatorProcess([sys.executable, "-c", "import time; time.sleep(3600)", str(workdir)],
+    operator = OperatorProcess([sys.executable, "-c", "import signal; signal.pause()", str(workdir)],
                                {{}}, workdir / "operator.log")
     operator.start()
     (workdir / "operator.pid").write_text(str(operator.process.pid))
