@@ -1,8 +1,0 @@
-//go:build tools
-
-// Package tools pins the commands this wrapper module builds.
-package tools
-
-import (
-	_ "go.etcd.io/etcd/server/v3"
-)

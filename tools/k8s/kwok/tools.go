@@ -1,8 +1,0 @@
-//go:build tools
-
-// Package tools pins the commands this wrapper module builds.
-package tools
-
-import (
-	_ "sigs.k8s.io/kwok/cmd/kwok"
-)
