@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from fake_hub import FakeHub
 from kopf.testing import KopfRunner
 from kopf_testkit import ISVC, RESYNC_S, ErrorLog, environment, watching
 from operator_cluster import Cluster, wait_for
@@ -57,17 +58,27 @@ def errors() -> Iterator[ErrorLog]:
     assert not log.records, "the operator logged errors:\n" + "\n".join(t for _, t in log.records)
 
 
+@pytest.fixture(scope="session")
+def hub() -> Iterator[FakeHub]:
+    """The Hub API the operator pins hf:// revisions with (SLUICE_HF_ENDPOINT)."""
+    fake = FakeHub()
+    yield fake
+    fake.close()
+
+
 @pytest.fixture(scope="module")
 def operator(
     request: pytest.FixtureRequest,
     cluster: Cluster,
     errors: ErrorLog,
+    hub: FakeHub,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[KopfRunner]:
     """The operator, with the test module's OPERATOR_ENV (if any) over the defaults."""
     kubeconfig = cluster.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
     env = {
         "KUBECONFIG": str(kubeconfig),
+        "SLUICE_HF_ENDPOINT": hub.url,
         "SLUICE_DEFAULT_IMAGE": IMAGE,
         "SLUICE_RETRY_DELAY_SECONDS": "0.2",
         "SLUICE_RETRY_MAX_DELAY_SECONDS": "1",

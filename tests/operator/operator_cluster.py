@@ -27,6 +27,9 @@ CORE_RESOURCES: dict[str, kmock.ResourceInfo] = {
     "v1/namespaces": kmock.ResourceInfo(
         kind="Namespace", namespaced=False, verbs={"get", "list", "watch"}
     ),
+    "v1/secrets": kmock.ResourceInfo(
+        kind="Secret", namespaced=True, verbs={"create", "get", "list", "watch"}
+    ),
     "v1/events": kmock.ResourceInfo(
         kind="Event", namespaced=True, verbs={"create", "get", "list", "watch"}
     ),
@@ -343,6 +346,7 @@ _PLURALS = {
     "RoleBinding": "rolebindings",
     "EndpointSlice": "endpointslices",
     "InferencePool": "inferencepools",
+    "Secret": "secrets",
 }
 
 

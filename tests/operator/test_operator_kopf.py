@@ -366,6 +366,8 @@ def test_podmonitor_is_created_when_the_api_appears(cluster, ns):
 
 # Permissions the operator holds without sending a request that needs them.
 IMPLIED = {
+    # an hf:// model's token Secret, read to pin its revision (test_operator_revision.py)
+    ("", "secrets", "get"),
     # ownerReferences with blockOwnerDeletion, under OwnerReferencesPermissionEnforcement
     ("sluice.dev", "inferenceservices/finalizers", "update"),
     # held only so that RBAC lets the operator grant them in the router's Role

@@ -75,7 +75,8 @@ def test_rbac_grants_nothing_the_operator_does_not_use():
     assert not rbac.allows("rbac.authorization.k8s.io", "roles", "bind")  # held, not bound
     assert not rbac.allows("rbac.authorization.k8s.io", "clusterroles", "create")
     assert not rbac.allows("discovery.k8s.io", "endpointslices", "create")  # read, for the router
-    assert not rbac.allows("", "secrets", "get")
+    assert not rbac.allows("", "secrets", "list")  # only the Secret a spec names is read
+    assert not rbac.allows("", "secrets", "watch")
     assert not rbac.allows("monitoring.coreos.com", "podmonitors", "create")  # only when installed
     assert rbac.allows(
         "monitoring.coreos.com", "podmonitors", "create", when=frozenset({"podmonitors"})

@@ -260,6 +260,7 @@ def test_ready_status_reports_counts_url_selector_and_image():
         "servedModelName": "m",
         "image": "img:1",
         "router": None,  # spec.router off: cleared
+        "model": None,  # not an hf:// model: no pin
         "observedGeneration": 4,
     }
 

@@ -34,6 +34,9 @@ DEFAULT_MAX_UNAVAILABLE = 0
 ANNOTATION_SPEC_REPLICAS = f"{GROUP}/spec-replicas"
 # on every child: the hash of the object as rendered, so an unchanged one is not applied
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"
+# on an InferenceService: a new value resolves its hf:// revision again (revisions.py)
+ANNOTATION_REFRESH_REVISION = f"{GROUP}/refresh-revision"
+DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 EVENT_SOURCE = "sluice-operator"
 
 # --- labels every child carries ------------------------------------------------------------
@@ -156,6 +159,7 @@ REASON_INVALID_SPEC = "InvalidSpec"
 REASON_APPLY_FAILED = "ApplyFailed"
 REASON_NAME_CONFLICT = "NameConflict"
 REASON_WAITING_FOR_GC = "WaitingForGarbageCollection"
+REASON_REVISION_UNRESOLVED = "RevisionUnresolved"  # an hf:// revision the Hub did not resolve
 REASON_FORBIDDEN = "Forbidden"  # the API server denied a request (403): RBAC, a policy, a quota
 
 # --- the router in front of the runtime pods (spec.router) -----------------------------------

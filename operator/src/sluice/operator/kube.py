@@ -67,6 +67,7 @@ INFERENCEPOOLS = Resource(c.INFERENCE_GROUP, "v1", "inferencepools", "InferenceP
 REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet")
 PODS = Resource("", "v1", "pods", "Pod")
 EVENTS = Resource("", "v1", "events", "Event")
+SECRETS = Resource("", "v1", "secrets", "Secret")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 CHILD_RESOURCES = (
     DEPLOYMENTS,

@@ -194,6 +194,14 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
         "Kopf resolves the watched namespaces (only when a namespace list is given)",
     ),
     Permission(
+        "",
+        "secrets",
+        ("get",),
+        "workload",
+        "always",
+        "the token Secret an hf:// model names (tokenSecretRef), to pin its revision",
+    ),
+    Permission(
         "coordination.k8s.io",
         "leases",
         ("get", "create", "update"),

@@ -67,6 +67,7 @@ from .optional import (
 )
 from .parsing import parse_spec
 from .replicas import decide, handover_object
+from .revisions import ModelPin, RevisionError, pin_model, pinned
 from .settings import Settings
 from .spec import InferenceServiceSpec
 from .status import (
@@ -181,12 +182,30 @@ async def reconcile(
         failure = Failure(c.REASON_INVALID_SPEC, str(error))
         return await _report(ctx, body, failed_observation(body, deployment, failure=failure), DONE)
 
+    try:
+        pin = await pin_model(
+            ctx.api.api,  # the token Secret is read fresh and never cached
+            body,
+            isvc,
+            default_endpoint=ctx.settings.hf_endpoint,
+            timeout=ctx.settings.api_timeout_seconds,
+        )
+    except RevisionError as error:
+        logger.warning(f"[{namespace}/{name}] {error}")
+        deployment = await _owned(ctx.api, body)  # keeps running its pinned commit
+        phase = c.PHASE_PENDING if error.transient else c.PHASE_FAILED
+        failure = Failure(c.REASON_REVISION_UNRESOLVED, str(error), phase)
+        return await _report(
+            ctx, body, failed_observation(body, deployment, failure=failure), RETRY
+        )
+    isvc = pinned(isvc, pin)
+
     optional = {
         resource: await ctx.optional.state(resource, namespace) for resource in OPTIONAL_RESOURCES
     }
     while True:  # once more per optional kind the API server denies
         try:
-            return await _converge(ctx, body, isvc, optional)
+            return await _converge(ctx, body, isvc, optional, pin)
         except OptionalForbidden as denied:
             logger.warning(
                 f"[{namespace}/{name}] {denied.resource.kind} denied; going on without it:"
@@ -202,6 +221,7 @@ async def _converge(
     body: Mapping[str, Any],
     isvc: InferenceServiceSpec,
     optional: Mapping[Resource, OptionalState],
+    pin: ModelPin | None,
 ) -> Outcome:
     """Apply the children and report; a 403 for a required object is a Forbidden status
     (retried with back-off), one for an optional kind raises OptionalForbidden."""
@@ -209,7 +229,7 @@ async def _converge(
     states = tuple(optional.values())
     existing: dict[Key, dict[str, Any] | None] = {}
     try:
-        return await _apply_and_observe(ctx, body, isvc, optional, existing)
+        return await _apply_and_observe(ctx, body, isvc, optional, existing, pin)
     except ApiError as error:
         if not error.forbidden:
             raise
@@ -228,6 +248,7 @@ async def _apply_and_observe(
     isvc: InferenceServiceSpec,
     optional: Mapping[Resource, OptionalState],
     existing: dict[Key, dict[str, Any] | None],
+    pin: ModelPin | None,
 ) -> Outcome:
     namespace, name = isvc.namespace, isvc.name
     states = tuple(optional.values())
@@ -320,6 +341,7 @@ async def _apply_and_observe(
         default_replicas=isvc.replicas,
         served_model_name=isvc.model.served_name,
         image=isvc.image,
+        model_pin=pin,
         router=await _observe_router(ctx.api, isvc, applied, to_router),
         optional=states,
     )

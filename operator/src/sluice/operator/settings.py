@@ -29,6 +29,7 @@ handlers reads the environment: they get this object from Kopf's `memo`.
 | SLUICE_RUN_AS_USER              | 1000                     | pods' uid/gid/fsGroup; `none`: the platform's|
 | SLUICE_ROLL_ON_UPGRADE          | false                    | a new default image rolls existing services  |
 | SLUICE_SCHEDULING_GRACE_SECONDS | 600                      | an unschedulable pod waits for a new node    |
+| SLUICE_HF_ENDPOINT              | https://huggingface.co   | Hub API that pins hf:// revisions (a mirror) |
 
 Services without `spec.image` keep the image they were last applied with until their spec
 changes (`status.image`), so upgrading the operator (a new default image) does not roll
@@ -105,6 +106,7 @@ class Settings:
     run_as_user: int | None = constants.RUN_AS_USER
     roll_on_upgrade: bool = False
     scheduling_grace_seconds: float = 600.0
+    hf_endpoint: str = constants.DEFAULT_HF_ENDPOINT
 
     def __post_init__(self) -> None:
         if not self.default_image or any(c.isspace() for c in self.default_image):
@@ -232,6 +234,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--scheduling-grace-seconds", type=float,
         help="an unschedulable pod is Progressing (waiting for a new node) this long, then Degraded",
     )  # fmt: skip
+    parser.add_argument("--hf-endpoint", help="Hub API that resolves hf:// revisions (a mirror)")
     parser.add_argument("--run-as-user", help="uid of the runtime pods, or 'none' (platform's)")
     parser.add_argument(
         "--roll-on-upgrade", action="store_true", default=None,

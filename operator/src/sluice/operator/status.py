@@ -39,6 +39,7 @@ from .builders.common import selector_string
 from .builders.service import service_url
 from .optional import OptionalState, optional_condition
 from .pods import NO_GRACE, CapacityWait, Grace, capacity_waits, parse_time, worst_problem
+from .revisions import ModelPin
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Observed:
     default_replicas: int = 1  # desired replicas when the Deployment does not say
     served_model_name: str | None = None
     image: str | None = None  # the runtime image the children were applied with
+    model_pin: ModelPin | None = None  # an hf:// model's resolved commit (revisions.py)
     failure: Failure | None = None
     router: RouterObserved | None = None  # None: spec.router is off
     optional: tuple[OptionalState, ...] = ()  # the optional APIs (none: not looked at)
@@ -389,6 +391,11 @@ def compute_status(
         "selector": selector_string(observed.name),
         "servedModelName": observed.served_model_name,
         "image": observed.image or previous.get("image"),
+        "model": observed.model_pin.status()
+        if observed.model_pin
+        else previous.get("model")
+        if observed.failure
+        else None,
         "router": _router_status(observed.router),
     }
     if observed.generation is not None:
