@@ -187,6 +187,30 @@ def make_pki(pki: Path) -> None:
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
+# Writes by ServiceAccounts (the operator under its chart account, the router), and their
+# reads of Leases (leader election), at the Metadata level (who, verb, object, User-Agent,
+# response code; no bodies); nothing else (the controllers and kwok run as admin and would
+# fill the log).
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "Metadata",
+            "userGroups": ["system:serviceaccounts"],
+            "verbs": ["create", "update", "patch", "delete", "deletecollection"],
+        },
+        {
+            "level": "Metadata",
+            "userGroups": ["system:serviceaccounts"],
+            "verbs": ["get"],
+            "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}],
+        },
+        {"level": "None"},
+    ],
+}
+
 def kubeconfig(server: str, ca: Path, user: Mapping[str, str]) -> dict[str, Any]:
     """A one-cluster, one-user kubeconfig (`user`: client-certificate/-key or token)."""
     return {
@@ -426,6 +450,12 @@ class ControlPlane:
         return self.workdir / "admin.kubeconfig"
 
     @property
+    def audit_log(self) -> Path:
+        """The API server's audit log: every write by a ServiceAccount (the operator, the
+        router), one JSON event per line (AUDIT_POLICY)."""
+        return self.workdir / "audit.log"
+
+    @property
     def server(self) -> str:
         return f"https://{HOST}:{self.ports['apiserver']}"
 
@@ -515,6 +545,8 @@ class ControlPlane:
 
     def _start_apiserver(self) -> None:
         pki = self.pki
+        policy = self.workdir / "audit-policy.json"
+        policy.write_text(json.dumps(AUDIT_POLICY))
         apiserver = self._component(
             "kube-apiserver",
             [
@@ -540,6 +572,14 @@ class ControlPlane:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                # who wrote what, in the server's own words (tests count requests by
+                # User-Agent); blocking: an event is on disk before its response is sent
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",
+                "--audit-log-maxsize=64",
+                "--audit-log-maxbackup=1",
                 "--profiling=false",
                 "--v=1",
             ],

@@ -77,13 +77,14 @@ async def startup(
     ctx = Context.create(ours, api, cache)
     controller = memo["controller"] = Controller(ctx)
     configure_kopf(settings)
+    identity = ours.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    if ours.leader_election:  # the replicas told apart in the API server's audit log
+        api.user_agent = f"{c.FIELD_MANAGER}/{identity}"
     api.use(login(logger=logger, settings=settings))
     for resource, why in (await ctx.optional.check_watch_access()).items():
         logger.warning(f"{resource.kind}s are not watched: {why}.")
     watch_optional_kinds(kopf.get_default_registry(), ctx.optional)
     if ours.leader_election:
-        identity = ours.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        api.user_agent = f"{c.FIELD_MANAGER}/{identity}"
         election = LeaderElection(
             api,
             namespace=ours.lease_namespace,
