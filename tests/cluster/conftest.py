@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 import pytest
+from fake_hub import FakeHub
 
 # scripts/local_cluster.py (the control plane; `make cluster` runs it too), for every module here
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -146,14 +147,26 @@ def chart_release(kube: Kube) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
+def hub() -> Iterator[FakeHub]:
+    """The Hub API the operator pins hf:// revisions with (nothing leaves this machine)."""
+    fake = FakeHub()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture(scope="session")
 def operator(
-    kube: Kube, chart_release: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+    kube: Kube,
+    chart_release: dict[str, Any],
+    hub: FakeHub,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
     # a short scheduling grace: the GPU test sees an unschedulable pod wait for capacity
     # (Progressing), then turn Degraded, within its deadlines
     process = operator_process(
         kube, tmp_path_factory.mktemp("operator") / "operator.log",
-        extra_env={"SLUICE_SCHEDULING_GRACE_SECONDS": str(SCHEDULING_GRACE_S)},
+        extra_env={"SLUICE_SCHEDULING_GRACE_SECONDS": str(SCHEDULING_GRACE_S),
+                   "SLUICE_HF_ENDPOINT": hub.url},
     )  # fmt: skip
     process.start()
     yield process

@@ -7,8 +7,8 @@ the key is queued again after the resync period (with a little jitter, so a flee
 resync in lockstep); after a failure, after an exponential back-off (retry delay, doubled
 per consecutive failure, capped). A deleted object leaves the queue.
 
-Triggers (handlers.py): an InferenceService that is new or whose generation (its spec)
-differs from the one last reconciled, and any event of a child, ReplicaSet or pod that
+Triggers (handlers.py): an InferenceService that is new or whose generation (its spec), or
+its `sluice.dev/refresh-revision` annotation, differs from the one last reconciled, and any event of a child, ReplicaSet or pod that
 names one as its owner and changes what a reconcile reads (cache.relevant_view).
 Metadata and status changes of an InferenceService (our own status writes among them)
 wait for the resync.
@@ -32,7 +32,7 @@ from typing import Any
 
 from .kube import ApiError
 from .leader import LeaderElection, NotLeader
-from .reconcile import Context, StatusConflict, reconcile
+from .reconcile import Context, StatusConflict, Wanted, reconcile, wanted
 from .workqueue import Backoff, WorkQueue
 
 logger = logging.getLogger("sluice.operator")
@@ -50,7 +50,7 @@ class Controller:
         self._workers: list[asyncio.Task[None]] = []
         self._election: LeaderElection | None = None
         self._campaign: asyncio.Task[None] | None = None
-        self._generations: dict[Key, int] = {}  # the generation last reconciled
+        self._generations: dict[Key, Wanted] = {}  # what the last reconcile converged
         self._fresh_at: dict[Key, float] = {}  # when a reconcile last read everything fresh
 
     @property
@@ -99,7 +99,7 @@ class Controller:
             self._generations.pop(key, None)
             self._fresh_at.pop(key, None)
             return
-        if event_type == "MODIFIED" and meta.get("generation") == self._generations.get(key):
+        if event_type == "MODIFIED" and wanted(body) == self._generations.get(key):
             return  # metadata or status only (our own status writes): nothing to converge
         self.queue.add(key)
 

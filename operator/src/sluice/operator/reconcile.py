@@ -130,6 +130,17 @@ class Outcome:
 DONE, RETRY, GONE = Outcome(), Outcome(retry=True), Outcome(gone=True)
 
 
+Wanted = tuple[int, str | None]
+
+
+def wanted(body: Mapping[str, Any]) -> Wanted:
+    """What a reconcile converges to: the spec's generation, and the annotation that asks
+    for a new revision pin (metadata, so it moves no generation)."""
+    meta = body.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return int(meta.get("generation") or 0), annotations.get(c.ANNOTATION_REFRESH_REVISION)
+
+
 class StatusConflict(Exception):
     """The object changed between reading it and writing its status."""
 
@@ -155,18 +166,20 @@ def read_spec(body: Mapping[str, Any], settings: Settings) -> InferenceServiceSp
     meta = body.get("metadata") or {}
     spec = copy.deepcopy(dict(body.get("spec") or {}))
     image = default_image(body, settings)
-    return parse_spec(meta["name"], meta["namespace"], spec, default_image=image)
+    return parse_spec(
+        meta["name"], meta["namespace"], spec,
+        default_image=image, router_image=settings.router_image,
+    )  # fmt: skip
 
 
 async def reconcile(
     key: tuple[str, str],
     ctx: Context,
-    seen: Callable[[int], None] | None = None,
+    seen: Callable[[Wanted], None] | None = None,
     *,
     fresh: bool = True,
 ) -> Outcome:
-    """`seen(generation)` is told which generation this run converges, as soon as it is
-    read. `fresh`: read everything from the API server (the resync, a retry), not from
+    """`seen(wanted)` is told what this run converges (`wanted`), as soon as it is read. `fresh`: read everything from the API server (the resync, a retry), not from
     the watch cache."""
     namespace, name = key
     ctx = ctx.reading(fresh=fresh)
@@ -174,7 +187,7 @@ async def reconcile(
     if body is None or body["metadata"].get("deletionTimestamp"):
         return GONE  # garbage collection removes the children
     if seen is not None:
-        seen(body["metadata"].get("generation", 0))
+        seen(wanted(body))
     try:
         isvc = read_spec(body, ctx.settings)
     except SpecError as error:
