@@ -27,6 +27,7 @@ def test_default_values_give_a_single_cluster_wide_operator():
     settings = settings_for(DEFAULTS)
     assert settings == Settings(
         default_image="sluice-runtime:0.1.0",
+        router_image="sluice-router:0.1.0",
         liveness_endpoint="http://0.0.0.0:8080/healthz",
     )
     assert settings.clusterwide and not settings.leader_election
@@ -55,9 +56,11 @@ def test_values_map_onto_the_operator_settings():
             "runAsUser": None,
             "rollOnUpgrade": True,
         },
+        "router": {"image": {"repository": "ghcr.io/acme/sluice-router", "digest": "sha256:" + "a" * 64}},
     }
     assert settings_for(values) == Settings(
         default_image="ghcr.io/acme/sluice-runtime:0.1.0-cpu",
+        router_image="ghcr.io/acme/sluice-router@sha256:" + "a" * 64,
         namespaces=("team-a", "team-b"),
         log_format="json",
         verbose=True,

@@ -148,7 +148,6 @@ def test_what_the_operator_never_does_is_denied():
             ("", "pods", "delete"),  # pods are read for the status, never touched
             ("", "pods/exec", "create"),
             ("sluice.dev", "inferenceservices", "patch"),  # only status and scale are written
-            ("policy", "poddisruptionbudgets", "delete"),  # there is always one
             ("", "configmaps", "create"),
             ("apps", "deployments", "update"),  # server-side apply patches
             ("sluice.dev", "inferenceservices", "delete"),

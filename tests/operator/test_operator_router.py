@@ -4,14 +4,19 @@ the RouterReady condition. Every built-in object is validated with kubernetes-va
 
 from __future__ import annotations
 
+import copy
+
 import jsonschema
 import pytest
-from operator_testkit import SPEC_MATRIX
+from operator_testkit import IMAGE, SPEC_MATRIX, isvc_object
 from operator_validators import k8s_validate
 
+from sluice.operator import constants as c
 from sluice.operator.builders import (
     build_inferencepool,
+    build_pdb,
     build_router_deployment,
+    build_router_pdb,
     build_router_role,
     build_router_role_binding,
     build_service,
@@ -19,6 +24,9 @@ from sluice.operator.builders import (
 )
 from sluice.operator.builders.args import serve_args
 from sluice.operator.children import key_of, plan
+from sluice.operator.parsing import SpecError, parse_spec
+from sluice.operator.reconcile import read_spec
+from sluice.operator.settings import Settings
 from sluice.operator.status import Observed, RouterObserved, compute_status
 from sluice.runtime.cli import build_parser
 from sluice.runtime.router.args import RouterArgs
@@ -33,6 +41,7 @@ ROUTER_CHILDREN = [
     ("RoleBinding", "chat-router"),
     ("Service", "chat-workers"),
     ("Deployment", "chat-router"),
+    ("PodDisruptionBudget", "chat-router"),
 ]
 
 
@@ -107,6 +116,104 @@ def test_the_model_service_selects_the_router_only_when_told(make_spec):
     assert next(o for o in off if key_of(o) == ("Service", "chat"))["spec"]["selector"] == (
         RUNTIME_PODS
     )
+
+
+# --- the router's disruption budget ------------------------------------------------------------
+
+
+def test_the_router_pods_have_their_own_disruption_budget(make_spec):
+    isvc = make_spec(namespace="ml", router={"enabled": True, "replicas": 2})
+    pdb = build_router_pdb(isvc)
+
+    assert pdb == {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": "chat-router",
+            "namespace": "ml",
+            "labels": build_router_deployment(isvc)["metadata"]["labels"],
+        },
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": ROUTER_PODS},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+    # it selects exactly the router Deployment's pods, and never the runtime's (whose own
+    # budget selects only them)
+    router = build_router_deployment(isvc)["spec"]
+    assert pdb["spec"]["selector"] == router["selector"]
+    assert ROUTER_PODS.items() <= router["template"]["metadata"]["labels"].items()
+    assert build_pdb(isvc)["spec"]["selector"] == {"matchLabels": RUNTIME_PODS}
+    k8s_validate(pdb)
+
+
+def test_the_router_budget_comes_and_goes_with_the_router(make_spec):
+    routed = plan(make_spec(router=ROUTER), podmonitors=None)
+    assert [o for o in routed.apply if key_of(o) == ("PodDisruptionBudget", "chat-router")] == [
+        build_router_pdb(make_spec(router=ROUTER))
+    ]
+    off = plan(make_spec(), podmonitors=None)
+    assert ("PodDisruptionBudget", "chat-router") in [(r.kind, n) for r, n in off.remove]
+    assert ("PodDisruptionBudget", "chat") in map(key_of, off.apply)  # the runtime's stays
+
+
+# --- the router's image ---------------------------------------------------------------------------
+
+
+def test_the_router_runs_the_operators_router_image_not_the_runtime_image(make_spec):
+    isvc = make_spec(router=ROUTER)
+    assert router_container(isvc)["image"] == c.DEFAULT_ROUTER_IMAGE == Settings().router_image
+    assert isvc.image == IMAGE != c.DEFAULT_ROUTER_IMAGE  # the runtime pods keep theirs
+
+    obj = isvc_object("chat", router=ROUTER)
+    configured = parse_spec("chat", "default", obj["spec"], default_image=IMAGE,
+                            router_image="registry.example/sluice-router:2.0")  # fmt: skip
+    assert router_container(configured)["image"] == "registry.example/sluice-router:2.0"
+
+
+def test_the_router_image_is_an_operator_setting():
+    assert Settings.from_env({"SLUICE_ROUTER_IMAGE": "ghcr.io/x/router:1"}).router_image == (
+        "ghcr.io/x/router:1"
+    )
+    flagged = Settings.from_env({"SLUICE_ROUTER_IMAGE": "ghcr.io/x/router:1"}).with_flags(
+        ["--router-image", "ghcr.io/x/router:2"]
+    )
+    assert flagged.router_image == "ghcr.io/x/router:2"
+    assert flagged.default_image == c.DEFAULT_IMAGE  # the runtime's is its own setting
+    for bad in ("router image", " "):
+        with pytest.raises(ValueError, match="router image"):
+            Settings(router_image=bad)
+    # each reconcile reads the spec with the configured router image
+    body = isvc_object("chat", router=ROUTER) | {"metadata": {"name": "chat", "namespace": "ml"}}
+    isvc = read_spec(body, Settings(router_image="ghcr.io/x/router:3"))
+    assert router_container(isvc)["image"] == "ghcr.io/x/router:3"
+    assert isvc.image == c.DEFAULT_IMAGE
+
+
+def test_spec_router_image_overrides_the_operators(make_spec):
+    isvc = make_spec(
+        image="registry.example/runtime:1", imagePullSecrets=[{"name": "regcred"}],
+        router={"enabled": True, "image": "registry.example/router@sha256:" + "0" * 64},
+    )  # fmt: skip
+    deployment = build_router_deployment(isvc)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "registry.example/router@sha256:" + "0" * 64
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]  # pulled from the same registry
+    k8s_validate(deployment)
+
+
+@pytest.mark.parametrize("image", ["", "router image", "r" * 513, 7])
+def test_an_invalid_router_image_is_refused_by_the_crd_and_the_operator(crd_validator, image):
+    obj = isvc_object("chat", router={"enabled": True, "image": image})
+    assert crd_validator.errors(copy.deepcopy(obj))
+    with pytest.raises(SpecError, match=r"spec\.router\.image"):
+        parse_spec("chat", "default", obj["spec"], default_image=IMAGE)
+
+
+def test_the_crd_accepts_a_router_image(crd_validator):
+    obj = isvc_object("chat", router={"enabled": True, "image": "ghcr.io/acme/sluice-router:1"})
+    assert crd_validator.errors(obj) == []
 
 
 # --- the router's command line, read by the router -----------------------------------------------

@@ -1,7 +1,8 @@
 """spec.router and spec.inferencePool end to end (KopfRunner against the API emulator):
 the router's objects appear owned, the model Service moves to the router only once a
 router pod serves (and back when none does), RouterReady follows, turning the router off
-removes everything it brought, and an InferencePool appears when its API does."""
+removes everything it brought (its PodDisruptionBudget too), and an InferencePool appears
+when its API does."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from kopf_testkit import (
     CRASH_LOOP,
     DEPLOYMENT,
     INFERENCEPOOL,
+    PDB,
     RESYNC_S,
     ROLE,
     ROLEBINDING,
@@ -34,6 +36,7 @@ RUNTIME_PODS = {"app.kubernetes.io/name": "sluice-runtime", "app.kubernetes.io/i
 ROUTER_PODS = {"app.kubernetes.io/name": "sluice-router", "app.kubernetes.io/instance": "chat"}
 ROUTER_OBJECTS = (
     (DEPLOYMENT, "chat-router"),
+    (PDB, "chat-router"),
     (SERVICEACCOUNT, "chat-router"),
     (ROLE, "chat-router"),
     (ROLEBINDING, "chat-router"),
@@ -85,6 +88,8 @@ def test_the_service_moves_to_the_router_once_it_serves_and_back_when_it_is_off(
     assert status(cluster, ns, "chat").get("router") is None
     deleted = [e["message"] for e in events(cluster, ns, "Deleted")]
     assert f"Deleted Deployment {ns}/chat-router: no longer wanted." in deleted
+    assert f"Deleted PodDisruptionBudget {ns}/chat-router: no longer wanted." in deleted
+    assert get(cluster, PDB, ns, "chat") is not None  # the runtime's budget stays
 
 
 def test_a_router_that_stops_serving_hands_the_service_back_to_the_runtime(cluster, ns):

@@ -4,7 +4,8 @@
 take over an object of the same name that this InferenceService does not own, applies the
 wanted children with server-side apply (skipping those already as rendered: drift.py), and deletes the optional children it owns but no
 longer wants (HPA when autoscaling is off, PodMonitor when monitoring is off,
-NetworkPolicy when the policy is off, the router's objects when the router is off, the
+NetworkPolicy when the policy is off, the router's objects (its PodDisruptionBudget too)
+when the router is off, the
 InferencePool when the pool is off). A child is known by its kind and name: the runtime's
 are named after the InferenceService, the router's `<name>-router`, and the Service the
 router discovers the runtime pods from `<name>-workers`.
@@ -34,6 +35,7 @@ from .builders import (
     build_podmonitor,
     build_router_deployment,
     build_router_networkpolicy,
+    build_router_pdb,
     build_router_podmonitor,
     build_router_role,
     build_router_role_binding,
@@ -49,6 +51,7 @@ from .kube import (
     HPAS,
     INFERENCEPOOLS,
     NETWORKPOLICIES,
+    PDBS,
     PODMONITORS,
     ROLEBINDINGS,
     ROLES,
@@ -118,6 +121,7 @@ def plan(
             DEPLOYMENTS,
             router,
         ),
+        (routed, build_router_pdb, PDBS, router),
         (None if podmonitors is None else podmonitors and routed,
          build_router_podmonitor, PODMONITORS, router),
         (isvc.network_policy.enabled and routed, build_router_networkpolicy, NETWORKPOLICIES,

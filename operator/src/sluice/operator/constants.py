@@ -18,7 +18,7 @@ SHORT_NAME = "sisvc"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 # the CRD schema this operator was built for (crds/inferenceservice.yaml carries it in the
 # annotation below; bump both with every schema change)
-CRD_SCHEMA_VERSION = 2
+CRD_SCHEMA_VERSION = 3
 ANNOTATION_SCHEMA_VERSION = "sluice.dev/schema-version"
 
 # --- who we are ---------------------------------------------------------------------------
@@ -165,10 +165,13 @@ REASON_FORBIDDEN = "Forbidden"  # the API server denied a request (403): RBAC, a
 # --- the router in front of the runtime pods (spec.router) -----------------------------------
 ROUTER_APP_NAME = "sluice-router"  # app.kubernetes.io/name of the router pods
 ROUTER_COMPONENT = "router"
-ROUTER_SUFFIX = "-router"  # Deployment, ServiceAccount, Role, RoleBinding: <name>-router
+# Deployment, PodDisruptionBudget, ServiceAccount, Role, RoleBinding: <name>-router
+ROUTER_SUFFIX = "-router"
 WORKERS_SUFFIX = "-workers"  # the Service whose EndpointSlices the router watches
 ROUTER_CONTAINER_NAME = "router"
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"  # set on EndpointSlices by their controller
+# the router image (Dockerfile target `router`: no torch) when spec.router.image is not set
+DEFAULT_ROUTER_IMAGE = "sluice-router:latest"
 DEFAULT_ROUTER_REPLICAS = 1
 DEFAULT_ROUTER_POLICY = "cache-aware"
 MAX_ROUTER_REPLICAS = 64

@@ -36,6 +36,7 @@ from .spec import (
 )
 from .validation import (
     DNS1035_LABEL,
+    IMAGE,
     Reader,
     SpecError,
 )
@@ -45,7 +46,6 @@ __all__ = ["MANAGED_FLAGS", "RESERVED_ENV", "SpecError", "abbreviates", "parse_s
 GPU_RESOURCE = re.compile(
     r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
-IMAGE = re.compile(r"^[^\s]{1,512}$")
 
 # flags the operator sets itself; extraArgs may not repeat them
 MANAGED_FLAGS = (
@@ -104,9 +104,15 @@ SELECT_POLICIES = ("Max", "Min", "Disabled")
 
 
 def parse_spec(
-    name: str, namespace: str, spec: Mapping[str, Any], *, default_image: str
+    name: str,
+    namespace: str,
+    spec: Mapping[str, Any],
+    *,
+    default_image: str,
+    router_image: str = c.DEFAULT_ROUTER_IMAGE,
 ) -> InferenceServiceSpec:
-    """Validate `spec` of the InferenceService `namespace/name`; raise SpecError if invalid."""
+    """Validate `spec` of the InferenceService `namespace/name`; raise SpecError if invalid.
+    `default_image` / `router_image`: the images without `spec.image` / `spec.router.image`."""
     r = Reader()
     if not isinstance(spec, Mapping):
         raise SpecError(["spec: must be an object"])
@@ -135,7 +141,7 @@ def parse_spec(
     env = read_env(r, spec)
     pod = read_pod_options(r, spec)
     network_policy = read_network_policy(r, spec)
-    router = read_router(r, spec, name)
+    router = read_router(r, spec, name, router_image)
     inference_pool = read_inference_pool(r, spec)
     check_metrics_compat(r, runtime, inference_pool)
     startup = r.integer(

@@ -107,10 +107,11 @@ REQUIRED_PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "policy",
         "poddisruptionbudgets",
-        ("get", "list", "watch", "create", "patch"),
+        ("get", "list", "watch", "create", "patch", "delete"),
         "workload",
         "always",
-        "the PDB (always one): server-side apply, watched to heal",
+        "the PDBs: server-side apply, watched to heal; the runtime's always exists, the"
+        " router's (<name>-router) is deleted when spec.router is turned off",
     ),
     Permission(
         "networking.k8s.io",

@@ -11,18 +11,21 @@ from sluice.runtime import constants as rc
 
 from . import constants as c
 from .spec import InferencePoolOptions, RouterOptions, RuntimeOptions
-from .validation import DNS1035_LABEL, Reader
+from .validation import DNS1035_LABEL, IMAGE, Reader
 
-ROUTER_FIELDS = ("enabled", "replicas", "policy", "resources")
+ROUTER_FIELDS = ("enabled", "image", "replicas", "policy", "resources")
 INFERENCE_POOL_FIELDS = ("enabled", "endpointPickerRef")
 ENDPOINT_PICKER_FIELDS = ("name", "port", "failureMode")
 
 
-def read_router(r: Reader, spec: Mapping[str, Any], name: str) -> RouterOptions:
+def read_router(
+    r: Reader, spec: Mapping[str, Any], name: str, default_image: str = c.DEFAULT_ROUTER_IMAGE
+) -> RouterOptions:
     p = "spec.router"
     router = r.mapping(spec, "router", p)
     r.known(router, ROUTER_FIELDS, p)
     enabled = r.boolean(router, "enabled", f"{p}.enabled", default=False)
+    image = r.string(router, "image", f"{p}.image", default=default_image, pattern=IMAGE)
     replicas = r.integer(
         router, "replicas", f"{p}.replicas", default=c.DEFAULT_ROUTER_REPLICAS,
         minimum=1, maximum=c.MAX_ROUTER_REPLICAS,
@@ -41,6 +44,7 @@ def read_router(r: Reader, spec: Mapping[str, Any], name: str) -> RouterOptions:
         )
     return RouterOptions(
         enabled=enabled,
+        image=image or default_image,
         replicas=replicas or c.DEFAULT_ROUTER_REPLICAS,
         policy=policy or c.DEFAULT_ROUTER_POLICY,
         cpu=r.quantity(resources, "cpu", f"{p}.resources.cpu"),

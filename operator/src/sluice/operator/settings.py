@@ -7,6 +7,7 @@ handlers reads the environment: they get this object from Kopf's `memo`.
 | variable                        | default                  | meaning                                      |
 |---------------------------------|--------------------------|----------------------------------------------|
 | SLUICE_DEFAULT_IMAGE            | sluice-runtime:latest    | runtime image when `spec.image` is not set   |
+| SLUICE_ROUTER_IMAGE             | sluice-router:latest     | router image without `spec.router.image`     |
 | SLUICE_NAMESPACES               | (empty: cluster-wide)    | comma-separated namespaces to watch          |
 | SLUICE_LOG_FORMAT               | plain                    | plain, full or json                          |
 | SLUICE_VERBOSE                  | false                    | debug logging                                |
@@ -34,7 +35,10 @@ handlers reads the environment: they get this object from Kopf's `memo`.
 Services without `spec.image` keep the image they were last applied with until their spec
 changes (`status.image`), so upgrading the operator (a new default image) does not roll
 the whole fleet at once; SLUICE_ROLL_ON_UPGRADE=true moves them to the new default on the
-next reconcile instead.
+next reconcile instead. The router image is not held back that way: router pods hold no
+model and roll a new one before an old one goes, so they follow SLUICE_ROUTER_IMAGE at
+once. The router image carries `sluice router` without torch (Dockerfile target
+`router`).
 
 A pod no node fits is Progressing (reason WaitingForCapacity: a cluster autoscaler or
 Karpenter may be adding a node) for SLUICE_SCHEDULING_GRACE_SECONDS after the scheduler
@@ -84,6 +88,7 @@ INFERENCE_POOL_MODES = ("auto", "off")
 @dataclass(frozen=True)
 class Settings:
     default_image: str = constants.DEFAULT_IMAGE
+    router_image: str = constants.DEFAULT_ROUTER_IMAGE
     namespaces: tuple[str, ...] = ()
     log_format: str = "plain"
     verbose: bool = False
@@ -109,10 +114,10 @@ class Settings:
     hf_endpoint: str = constants.DEFAULT_HF_ENDPOINT
 
     def __post_init__(self) -> None:
-        if not self.default_image or any(c.isspace() for c in self.default_image):
-            raise ValueError(
-                f"default image must be a non-empty image reference: {self.default_image!r}"
-            )
+        for what, image in (("default image", self.default_image),
+                            ("router image", self.router_image)):  # fmt: skip
+            if not image or any(c.isspace() for c in image):
+                raise ValueError(f"{what} must be a non-empty image reference: {image!r}")
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log format must be one of {LOG_FORMATS}: {self.log_format!r}")
         if self.pod_monitors not in POD_MONITOR_MODES:
@@ -199,6 +204,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
         epilog="Every flag has a SLUICE_* environment variable; flags win.",
     )
     parser.add_argument("--default-image", help="runtime image when spec.image is not set")
+    parser.add_argument(
+        "--router-image", help="router image (no torch) when spec.router.image is not set"
+    )
     parser.add_argument(
         "-n",
         "--namespace",

@@ -218,9 +218,11 @@ class PodOptions:
 class RouterOptions:
     """`sluice router` in front of the runtime pods (spec.router): the model Service sends
     to it, and it picks a runtime pod per request by `policy` (prefix-cache aware by
-    default), finding them from the EndpointSlices of the `<name>-workers` Service."""
+    default), finding them from the EndpointSlices of the `<name>-workers` Service. `image`:
+    the router's own (no torch), `spec.router.image` or the operator's router image."""
 
     enabled: bool = False
+    image: str = c.DEFAULT_ROUTER_IMAGE
     replicas: int = c.DEFAULT_ROUTER_REPLICAS
     policy: str = c.DEFAULT_ROUTER_POLICY
     cpu: str | None = None

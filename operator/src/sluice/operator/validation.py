@@ -21,6 +21,7 @@ ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")  # a key without prefix
+IMAGE = re.compile(r"^[^\s]{1,512}$")  # spec.image, spec.router.image
 
 
 class SpecError(ValueError):

@@ -9,7 +9,7 @@ from .deployment import build_deployment
 from .hpa import build_hpa
 from .inferencepool import build_inferencepool
 from .networkpolicy import build_networkpolicy, build_router_networkpolicy
-from .pdb import build_pdb
+from .pdb import build_pdb, build_router_pdb
 from .podmonitor import build_podmonitor, build_router_podmonitor
 from .router import build_router_deployment
 from .router_rbac import (
@@ -29,6 +29,7 @@ __all__ = [
     "build_podmonitor",
     "build_router_deployment",
     "build_router_networkpolicy",
+    "build_router_pdb",
     "build_router_podmonitor",
     "build_router_role",
     "build_router_role_binding",

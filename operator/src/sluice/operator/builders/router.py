@@ -13,6 +13,12 @@
 - Rolling updates surge one pod and never take a serving router down first; replicas spread
   over nodes; non-root, read-only root filesystem (a writable /tmp), scrape annotations.
 - No GPU, no node selector or tolerations of the runtime pods: it belongs on CPU nodes.
+- Its own image (`spec.router.image`, else the operator's SLUICE_ROUTER_IMAGE: the
+  Dockerfile's `router` target, without torch); the runtime pods' imagePullSecrets apply
+  to it too (both images usually live in the same registry).
+- A PodDisruptionBudget `<name>-router` (pdb.py): drains evict one router pod at a time.
+  When none is left the model Service falls back to the runtime pods (reconcile.py), so
+  the service stays reachable through `<name>` while its router is gone.
 """
 
 from __future__ import annotations
@@ -91,7 +97,7 @@ def _pod_spec(isvc: InferenceServiceSpec, run_as_user: int | None) -> dict[str, 
         "automountServiceAccountToken": True,  # discovery reads EndpointSlices with it
         "enableServiceLinks": False,
     }
-    if isvc.pod.image_pull_secrets:  # the router runs the runtime image
+    if isvc.pod.image_pull_secrets:  # the same registry as the runtime image, as a rule
         pod["imagePullSecrets"] = [{"name": name} for name in isvc.pod.image_pull_secrets]
     return pod | {
         "securityContext": pod_security_context(run_as_user),
@@ -105,7 +111,7 @@ def _pod_spec(isvc: InferenceServiceSpec, run_as_user: int | None) -> dict[str, 
 def _container(isvc: InferenceServiceSpec) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": c.ROUTER_CONTAINER_NAME,
-        "image": isvc.image,
+        "image": isvc.router.image,
         "command": router_command(),
         "args": router_args(isvc),
         "ports": [
