@@ -1,10 +1,11 @@
 # syntax=docker/dockerfile:1
 #
-# Two images from one file (BuildKit builds only the stages a target needs):
+# Three images from one file (BuildKit builds only the stages a target needs):
 #
 #   docker build --target runtime  -t sluice-runtime:0.1.0 .                      # CUDA (GPU nodes)
 #   docker build --target runtime  -t sluice-runtime:0.1.0-cpu --build-arg DEVICE=cpu .
 #   docker build --target operator -t sluice-operator:0.1.0 .
+#   docker build --target router   -t sluice-router:0.1.0 .
 #
 # runtime:  `sluice serve` with the `runtime` extra; DEVICE=cuda (default) adds the CUDA
 #           build of torch (with its Triton) and FlashInfer (`gpu` extra) on NVIDIA's CUDA
@@ -13,8 +14,10 @@
 #           DEVICE=cpu installs torch from the CPU wheel index on plain Ubuntu. Both carry
 #           the bundled SmolLM2 model (samples/smollm2-cpu.yaml).
 # operator: the Kopf operator with the `operator` extra only (no torch), on slim Python.
+# router:   `sluice router` (spec.router) with the `router` extra only (no torch, numpy or
+#           transformers), on slim Python: it proxies requests and watches EndpointSlices.
 #
-# Both run as uid/gid 1000 (the operator's pod securityContext relies on it) and work with
+# All run as uid/gid 1000 (the operator's pod securityContext relies on it) and work with
 # a read-only root filesystem: the runtime writes only to /tmp and /var/cache/sluice.
 
 ARG PYTHON_IMAGE=python:3.12.11-slim-bookworm
@@ -37,6 +40,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN pip wheel --no-deps --wheel-dir /wheels . \
     && wheel="$(echo /wheels/sluice-*.whl)" \
     && echo "sluice[operator] @ file://${wheel}" >/wheels/operator.txt \
+    && echo "sluice[router] @ file://${wheel}" >/wheels/router.txt \
     && echo "sluice[runtime] @ file://${wheel}" >/wheels/runtime-cpu.txt \
     && echo "sluice[runtime,gpu] @ file://${wheel}" >/wheels/runtime-cuda.txt
 
@@ -62,6 +66,32 @@ RUN python -m venv "$VIRTUAL_ENV" \
 USER 1000:1000
 WORKDIR /tmp
 ENTRYPOINT ["python", "-m", "sluice.operator"]
+
+# ---------------------------------------------------------------------------------------
+# The router image: slim Python, the `router` extra only. The operator runs it with
+# command `sluice router` and its own arguments (builders/router.py).
+FROM ${PYTHON_IMAGE} AS router
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/sluice/venv \
+    PATH=/opt/sluice/venv/bin:$PATH
+RUN groupadd --gid 1000 sluice \
+    && useradd --uid 1000 --gid 1000 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin sluice
+COPY --from=wheel /wheels /wheels
+# The last steps prove the router parses its flags and builds its app without torch (not
+# installed here): what tests/chart/test_dockerfile.py checks without Docker.
+RUN python -m venv "$VIRTUAL_ENV" \
+    && pip install --requirement /wheels/router.txt \
+    && rm -rf /wheels \
+    && sluice router --help >/dev/null \
+    && python -c "from sluice.runtime.cli import build_parser; from sluice.runtime.router.args import RouterArgs; from sluice.runtime.router.server import Router; Router.build(RouterArgs.from_cli_args(build_parser(router_only=True).parse_args(['router', '--worker-urls', 'http://127.0.0.1:1'])))"
+USER 1000:1000
+WORKDIR /tmp
+EXPOSE 30080
+ENTRYPOINT ["sluice", "router"]
 
 # ---------------------------------------------------------------------------------------
 # The runtime image, on the base DEVICE selects.

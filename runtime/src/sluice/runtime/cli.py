@@ -1,5 +1,10 @@
 """`sluice` command line: `serve` and `router` (the runtime), and `calibrate`, `simulate`
-and `plan` (capacity planning on the real scheduler, `sluice.runtime.sim`)."""
+and `plan` (capacity planning on the real scheduler, `sluice.runtime.sim`).
+
+`sluice router ...` builds only the router's parser: the simulator's subcommands import
+numpy for their flags, and the router image (Dockerfile target `router`) has neither
+numpy nor torch. Nothing on the router's path imports them (tests/chart/test_dockerfile.py).
+"""
 
 from __future__ import annotations
 
@@ -9,28 +14,35 @@ import sys
 from sluice.runtime.router.args import RouterArgs
 from sluice.runtime.server_args import ServerArgs
 
+ROUTER = "router"
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(*, router_only: bool = False) -> argparse.ArgumentParser:
+    """Every command, or with `router_only` just `router` (what `sluice router` parses: the
+    same flags, without building the other commands)."""
     # allow_abbrev=False: `--por=1` must not be read as `--port=1` (the operator sets some
     # flags itself and refuses them in extraArgs; an abbreviation would slip past)
     parser = argparse.ArgumentParser(
         prog="sluice", description="Sluice LLM serving runtime", allow_abbrev=False
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser(
-        "serve", help="serve a model with an OpenAI-compatible API", allow_abbrev=False
-    )
-    ServerArgs.add_cli_args(serve)
-    router = sub.add_parser("router", help="route requests across several runtime servers")
+    if not router_only:
+        serve = sub.add_parser(
+            "serve", help="serve a model with an OpenAI-compatible API", allow_abbrev=False
+        )
+        ServerArgs.add_cli_args(serve)
+    router = sub.add_parser(ROUTER, help="route requests across several runtime servers")
     RouterArgs.add_cli_args(router)
-    from sluice.runtime.sim import cli as sim_cli  # light: flags only, no torch
+    if not router_only:
+        from sluice.runtime.sim import cli as sim_cli  # flags only, but they import numpy
 
-    sim_cli.add_subcommands(sub)
+        sim_cli.add_subcommands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ns = build_parser(router_only=argv[:1] == [ROUTER]).parse_args(argv)
     if ns.command == "serve":
         try:
             args = ServerArgs.from_cli_args(ns)
@@ -40,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         from sluice.runtime.launch import launch_server  # heavy imports only when serving
 
         return launch_server(args)
-    if ns.command == "router":
+    if ns.command == ROUTER:
         try:
             router_args = RouterArgs.from_cli_args(ns)
         except ValueError as err:
