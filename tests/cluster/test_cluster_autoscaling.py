@@ -52,7 +52,11 @@ def test_the_hpa_scales_on_the_queue_metric_and_the_operator_hands_replicas_over
     }
     assert managers == {("kube-controller-manager", "scale")}, managers
 
-    # the operator re-applies the Deployment (a spec change) and leaves the count alone
+    # the operator re-applies the Deployment (a spec change) and leaves the count alone.
+    # A write of the count by the operator could hide behind the HPA setting it back, so
+    # the Deployment's generation counts the writes: the operator's apply is one (the new
+    # args); a count it wrote and the HPA restored would be two more
+    scaled = deployment(kube, ns)["metadata"]["generation"]
     kube.kubectl("patch", "sisvc", "chat", "-n", ns, "--type=merge",
                  "-p", '{"spec":{"runtime":{"maxRunningRequests":9}}}')  # fmt: skip
     generation = kube.isvc(ns, "chat")["metadata"]["generation"]
@@ -61,11 +65,14 @@ def test_the_hpa_scales_on_the_queue_metric_and_the_operator_hands_replicas_over
         lambda: kube.isvc(ns, "chat")["status"].get("observedGeneration") == generation,
         timeout=60,
     )
-    assert deployment(kube, ns)["spec"]["replicas"] == 3
+    applied = deployment(kube, ns)
+    assert applied["spec"]["replicas"] == 3
+    assert applied["metadata"]["generation"] == scaled + 1, "the count was written meanwhile"
     # all three pods run on fake nodes; the status reports the HPA's choice
     wait_until("3 ready replicas", lambda: kube.isvc(ns, "chat")["status"].get("readyReplicas") == 3,
                timeout=90)  # fmt: skip
     assert kube.isvc(ns, "chat")["status"]["desiredReplicas"] == 3
+    assert deployment(kube, ns)["metadata"]["generation"] == scaled + 1
 
     # autoscaling off: the HPA goes, the count stays, spec.replicas takes it
     kube.kubectl("patch", "sisvc", "chat", "-n", ns, "--type=merge",
