@@ -144,7 +144,7 @@ def test_what_the_operator_never_does_is_denied():
     for values in (values_for(True, True, True), values_for(False, True, True)):
         objects = render_objects(values)
         for group, resource, verb in [
-            ("", "secrets", "get"),
+            ("", "secrets", "list"),  # get only: the token Secret a spec names
             ("", "pods", "delete"),  # pods are read for the status, never touched
             ("", "pods/exec", "create"),
             ("sluice.dev", "inferenceservices", "patch"),  # only status and scale are written

@@ -1,6 +1,6 @@
 """Deleting an InferenceService on a real API server: the garbage collector removes every
-child (background and foreground cascades); an orphaning delete followed by a re-apply is
-reported on the new object, not left stuck silently."""
+child (background and foreground cascades); after an orphaning delete, a re-apply adopts
+the orphans (the same objects, pods untouched) instead of reporting a name conflict."""
 
 from __future__ import annotations
 
@@ -41,13 +41,14 @@ def test_kubectl_delete_collects_every_child(
                explain=lambda: str(left(kube, ns)))  # fmt: skip
 
 
-def test_an_orphaning_delete_then_a_re_apply_is_reported(
+def test_an_orphaning_delete_then_a_re_apply_adopts_the_orphans(
     kube: Kube, operator: OperatorProcess, ns: str
 ):
     create_ready(kube, ns, "chat")
-    deployment = kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/chat")
+    path = f"/apis/apps/v1/namespaces/{ns}/deployments/chat"
+    deployment = kube.get(path)
     kube.kubectl("delete", "inferenceservice", "chat", "-n", ns, "--cascade=orphan")
-    orphan = kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/chat")
+    orphan = kube.get(path)
     assert orphan["metadata"]["uid"] == deployment["metadata"]["uid"]
     assert not orphan["metadata"].get("ownerReferences")  # the collector orphaned it
 
@@ -60,27 +61,19 @@ def test_an_orphaning_delete_then_a_re_apply_is_reported(
                      "resources": {"cpu": "1", "memory": "2Gi"}},
         }
     )  # fmt: skip
-    ready = wait_until(
-        "the re-applied service to report the orphaned children",
-        lambda: (
-            (c := condition(kube.isvc(ns, "chat"), "Ready"))
-            and c.get("reason") == "NameConflict"
-            and c
-        ),
-        timeout=60,
-        explain=lambda: f"{kube.isvc(ns, 'chat')}\n{operator.tail()}",
-    )
-    assert ready["status"] == "False"
-    assert "is not owned by this InferenceService" in ready["message"]
-    assert kube.isvc(ns, "chat")["status"]["phase"] == "Failed"
-    wait_until("a NameConflict event", lambda: "NameConflict" in kube.events(ns), timeout=30)
-    # the orphan is untouched; deleting it lets the service converge
-    still = kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/chat")
-    assert still["metadata"]["uid"] == deployment["metadata"]["uid"]
-    kube.kubectl("delete", "deployment,service,pdb", "chat", "-n", ns)
+    owner = kube.isvc(ns, "chat")["metadata"]["uid"]
     wait_until(
-        "Ready after the orphans are gone",
+        "the re-applied service Ready on its adopted children",
         lambda: (condition(kube.isvc(ns, "chat"), "Ready") or {}).get("status") == "True",
         timeout=90,
         explain=lambda: f"{kube.isvc(ns, 'chat')}\n{operator.tail()}",
     )
+    # the same objects (the pods kept running), now controlled by the new service
+    for kind, child in (("deployments", "apps/v1"), ("services", "v1"),
+                        ("poddisruptionbudgets", "policy/v1")):  # fmt: skip
+        base = "/api/v1" if child == "v1" else f"/apis/{child}"
+        obj = kube.get(f"{base}/namespaces/{ns}/{kind}/chat")
+        [ref] = [r for r in obj["metadata"]["ownerReferences"] if r.get("controller")]
+        assert ref["uid"] == owner, (kind, ref)
+    assert kube.get(path)["metadata"]["uid"] == deployment["metadata"]["uid"]
+    wait_until("an Adopted event", lambda: "Adopted" in kube.events(ns), timeout=30)

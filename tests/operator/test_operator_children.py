@@ -32,6 +32,20 @@ def test_an_object_nobody_owns_is_a_name_conflict(make_spec):
     assert "Service ml/chat exists and is not owned" in str(blocked.value)
 
 
+def test_an_orphan_of_this_service_is_adopted_not_a_conflict(make_spec):
+    ours = {"app.kubernetes.io/managed-by": "sluice-operator", "app.kubernetes.io/instance": "chat"}
+    orphan = {"metadata": {"name": "chat", "labels": ours}}
+    check_ownership(plan(make_spec(), podmonitors=None), {("Deployment", "chat"): orphan}, OWNER)
+    # another service's orphan, or an object merely labelled ours but owned, still blocks
+    theirs = {"metadata": {"name": "chat", "labels": {**ours, "app.kubernetes.io/instance": "x"}}}
+    with pytest.raises(Blocked):
+        check_ownership(plan(make_spec(), podmonitors=None), {("Deployment", "chat"): theirs}, OWNER)
+    owned = {**child("old-uid"), "metadata": {**child("old-uid")["metadata"], "labels": ours}}
+    with pytest.raises(Blocked) as blocked:
+        check_ownership(plan(make_spec(), podmonitors=None), {("Deployment", "chat"): owned}, OWNER)
+    assert blocked.value.reason == "WaitingForGarbageCollection"
+
+
 def test_a_deleted_predecessors_child_is_waited_for(make_spec):
     with pytest.raises(Blocked) as blocked:
         check_ownership(

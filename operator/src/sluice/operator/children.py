@@ -163,15 +163,29 @@ def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
     return any(ref.get("uid") == owner_uid and ref.get("controller") for ref in refs)
 
 
+def adoptable(obj: Mapping[str, Any], owner_name: str) -> bool:
+    """An orphan of this service: no controller, and the labels the operator gives the
+    service's children (what an orphaning delete of the service leaves behind). It is
+    adopted, as the Deployment controller adopts orphaned ReplicaSets: the next apply
+    makes it ours again."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return (
+        controller_of(obj) is None
+        and labels.get(c.LABEL_MANAGED_BY) == c.MANAGER_LABEL_VALUE
+        and labels.get(c.LABEL_INSTANCE) == owner_name
+    )
+
+
 def check_ownership(
     the_plan: Plan, existing: Mapping[Key, Mapping[str, Any] | None], owner: Mapping[str, Any]
 ) -> None:
-    """Raise Blocked unless every existing object the plan applies is ours (pure). An
-    object of a kind the plan removes is only deleted if it is ours, so it blocks nothing."""
+    """Raise Blocked unless every existing object the plan applies is ours, or an orphan of
+    ours to adopt (pure). An object of a kind the plan removes is only deleted if it is
+    ours, so it blocks nothing."""
     meta = owner["metadata"]
     for kind, name in (key_of(child) for child in the_plan.apply):
         current = existing.get((kind, name))
-        if current is None or owned_by(current, meta["uid"]):
+        if current is None or owned_by(current, meta["uid"]) or adoptable(current, meta["name"]):
             continue
         where = f"{kind} {meta['namespace']}/{name}"
         ref = controller_of(current)
@@ -194,6 +208,7 @@ class Applied:
     objects: dict[Key, dict[str, Any]] = field(default_factory=dict)
     created: list[Key] = field(default_factory=list)
     deleted: list[Key] = field(default_factory=list)
+    adopted: list[Key] = field(default_factory=list)
 
 
 async def read_children(
@@ -250,6 +265,8 @@ async def apply_children(
             result.objects[key] = await api.apply(child)
         if current is None:
             result.created.append(key)
+        elif not owned_by(current, owner_uid):
+            result.adopted.append(key)  # an orphan of ours (check_ownership let it through)
     for resource, name in the_plan.remove:
         current = existing.get((resource.kind, name))
         if current is not None and owned_by(current, owner_uid):

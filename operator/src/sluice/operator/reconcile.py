@@ -454,6 +454,7 @@ async def _announce(ctx: Context, body: Mapping[str, Any], applied: Applied) -> 
     meta = body["metadata"]
     for reason, keys, why in (
         ("Created", applied.created, ""),
+        ("Adopted", applied.adopted, ": an orphan of this service"),
         ("Deleted", applied.deleted, ": no longer wanted"),
     ):
         for kind, child in keys:
