@@ -291,6 +291,17 @@ def test_ready_counts_only_pods_of_the_current_template():
     assert summary(done)["Ready"] == ("True", "Serving")
 
 
+def test_ready_waits_for_the_counts_written_beside_it():
+    # the ReplicaSet already has its pods available; the Deployment's status has not caught
+    # up: a Ready=True status would say readyReplicas 0
+    lagging = deployment(**{**READY, "readyReplicas": 0, "availableReplicas": 0})
+    status = status_of(lagging, rs=replica_set(available=2))
+    assert summary(status)["Ready"] == ("False", "CountsPending")
+    assert status["readyReplicas"] == 0
+    caught_up = status_of(deployment(**READY), rs=replica_set(available=2))
+    assert summary(caught_up)["Ready"] == ("True", "Serving") and caught_up["readyReplicas"] == 2
+
+
 def test_the_current_replica_set_is_the_one_with_the_deployments_template():
     dep = deployment()
     current = replica_set(1)

@@ -72,3 +72,36 @@ def test_failures_back_off_and_forget_resets():
             await asyncio.wait_for(queue.get(), 0.2)  # discarded: the retry never fires
 
     run(scenario())
+
+
+def test_a_namespace_being_deleted_is_final_not_retried(monkeypatch):
+    """The API server's NamespaceLifecycle answer (403) in a namespace being deleted: the
+    key is dropped, not retried with back-off until the namespace is gone."""
+    import asyncio
+
+    from sluice.operator import controller as controller_module
+    from sluice.operator.controller import Controller
+    from sluice.operator.kube import ApiError
+    from sluice.operator.settings import Settings
+
+    async def refused(key, ctx, seen=None, *, fresh=True):
+        raise ApiError(
+            403, "Forbidden",
+            'deployments.apps "chat" is forbidden: unable to create new content in namespace'
+            " ml because it is being terminated",
+        )  # fmt: skip
+
+    class Ctx:
+        settings = Settings()
+
+    monkeypatch.setattr(controller_module, "reconcile", refused)
+
+    async def scenario() -> tuple[int, int]:
+        ctl = Controller(Ctx())  # type: ignore[arg-type]
+        ctl.queue.add(("ml", "chat"))
+        key = await ctl.queue.get()
+        await ctl._run(key)
+        ctl.queue.done(key)
+        return ctl.queue.failures(key), len(ctl.queue)
+
+    assert asyncio.run(scenario()) == (0, 0)

@@ -95,9 +95,7 @@ class Controller:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
-            self.queue.discard(key)
-            self._generations.pop(key, None)
-            self._fresh_at.pop(key, None)
+            self._forget(key)
             return
         if event_type == "MODIFIED" and wanted(body) == self._generations.get(key):
             return  # metadata or status only (our own status writes): nothing to converge
@@ -125,6 +123,11 @@ class Controller:
             return True
         return False
 
+    def _forget(self, key: Key) -> None:
+        self.queue.discard(key)
+        self._generations.pop(key, None)
+        self._fresh_at.pop(key, None)
+
     async def _run(self, key: Key) -> None:
         where = f"{key[0]}/{key[1]}"
         try:
@@ -143,6 +146,10 @@ class Controller:
             self.queue.add_rate_limited(key)
             return
         except ApiError as error:
+            if error.namespace_terminating:  # final: the service goes with its namespace
+                logger.info(f"[{where}] its namespace is being deleted; dropped")
+                self._forget(key)
+                return
             delay = self.queue.add_rate_limited(key)
             logger.warning(f"[{where}] Kubernetes API: {error}; retrying in {delay:.1f}s")
             return
@@ -153,9 +160,7 @@ class Controller:
             logger.exception(f"[{where}] reconcile failed; retrying in {delay:.1f}s")
             return
         if outcome.gone:
-            self.queue.discard(key)
-            self._generations.pop(key, None)
-            self._fresh_at.pop(key, None)
+            self._forget(key)
         elif outcome.retry:
             delay = self.queue.add_rate_limited(key)
             logger.info(f"[{where}] not converged; retrying in {delay:.1f}s")

@@ -107,6 +107,12 @@ class ApiError(Exception):
         return self.status in (0, 401, 404, 408, 409, 429) or self.status >= 500
 
     @property
+    def namespace_terminating(self) -> bool:
+        """The namespace is being deleted (NamespaceLifecycle admission refuses new objects
+        there with 403): final, the InferenceService goes with its namespace."""
+        return self.status == 403 and "because it is being terminated" in self.message
+
+    @property
     def forbidden(self) -> bool:
         """Denied: RBAC, an admission policy (Gatekeeper, Kyverno), a ResourceQuota."""
         return self.status == 403

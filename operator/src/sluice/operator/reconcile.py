@@ -244,6 +244,9 @@ async def _converge(
     try:
         return await _apply_and_observe(ctx, body, isvc, optional, existing, pin)
     except ApiError as error:
+        if error.namespace_terminating:
+            logger.info(f"[{namespace}/{name}] namespace {namespace} is being deleted; dropped")
+            return GONE
         if not error.forbidden:
             raise
         deployment = existing.get((DEPLOYMENTS.kind, name))

@@ -260,8 +260,14 @@ def ready_condition(
     message = f"{have}/{rollout.desired} replicas of the current version available"
     if needed < rollout.desired:
         message += f" (serving needs {needed})"
-    if have >= needed:
+    # the counts written beside the condition (status.readyReplicas: the Deployment's own)
+    # lag the ReplicaSet's; Ready waits for them, so a Ready status never says 0 ready
+    if have >= needed and rollout.ready >= needed:
         return Condition(kind, True, "Serving", message)
+    if have >= needed:
+        return Condition(
+            kind, False, "CountsPending", f"{message}; the Deployment's counts not yet updated"
+        )
     if degraded.status:
         return Condition(kind, False, degraded.reason, degraded.message)
     if progressing.status:
