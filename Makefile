@@ -41,7 +41,7 @@ serve: model
 	HOST=$(HOST) PORT=$(PORT) MODEL=$(MODEL) PY=$(PY) scripts/serve_demo.sh
 
 test: model
-	# the local Kubernetes control plane of tests/cluster/ (a cold build takes ~50 min on 2
+	# the local Kubernetes control plane of tests/cluster/ (a cold build takes ~5 min on 2
 	# cores, then it is cached); a failed build is reported by that tier, which then fails
 	-PY=$(PY) nice -n 10 scripts/build_control_plane.sh
 	$(PY) -m pytest -q -m "not heavy" $(PYTEST_ARGS)

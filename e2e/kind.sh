@@ -17,6 +17,7 @@ TAG=${TAG:-e2e}
 PY=${PY:-.venv/bin/python}
 OPERATOR_IMAGE=sluice-operator:$TAG
 RUNTIME_IMAGE=sluice-runtime:$TAG-cpu
+ROUTER_IMAGE=sluice-router:$TAG
 
 for tool in docker kind kubectl; do
     command -v "$tool" >/dev/null || { echo "e2e/kind.sh: $tool is not installed" >&2; exit 1; }
@@ -40,7 +41,9 @@ kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG"
 
 docker build --target operator -t "$OPERATOR_IMAGE" .
 docker build --target runtime --build-arg DEVICE=cpu -t "$RUNTIME_IMAGE" .
-kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE"
+docker build --target router -t "$ROUTER_IMAGE" .
+kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE" "$ROUTER_IMAGE"
 
 SLUICE_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE SLUICE_E2E_RUNTIME_IMAGE=$RUNTIME_IMAGE \
+    SLUICE_E2E_ROUTER_IMAGE=$ROUTER_IMAGE \
     "$PY" -m pytest e2e -v -rs "$@"

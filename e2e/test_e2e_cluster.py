@@ -7,7 +7,8 @@ Run explicitly (the normal test run collects only tests/):
     e2e/kind.sh                     # creates a kind cluster, builds and loads the images
 
 The images must be pullable by the cluster (kind: `kind load docker-image`); name them with
-SLUICE_E2E_OPERATOR_IMAGE and SLUICE_E2E_RUNTIME_IMAGE (defaults: sluice-operator:e2e and
+SLUICE_E2E_OPERATOR_IMAGE, SLUICE_E2E_RUNTIME_IMAGE and SLUICE_E2E_ROUTER_IMAGE (defaults: sluice-operator:e2e,
+sluice-router:e2e and
 sluice-runtime:e2e-cpu, what e2e/kind.sh builds). Everything happens in a fresh namespace
 (the operator watches only it) that is deleted afterwards; the CRD stays installed.
 Without a reachable cluster every test here skips and says why.
@@ -37,6 +38,7 @@ SAMPLE = REPO / "samples" / "smollm2-cpu.yaml"
 SERVICE = "smollm2"  # metadata.name in the sample
 OPERATOR_IMAGE = os.environ.get("SLUICE_E2E_OPERATOR_IMAGE", "sluice-operator:e2e")
 RUNTIME_IMAGE = os.environ.get("SLUICE_E2E_RUNTIME_IMAGE", "sluice-runtime:e2e-cpu")
+ROUTER_IMAGE = os.environ.get("SLUICE_E2E_ROUTER_IMAGE", "sluice-router:e2e")
 READY_TIMEOUT_S = int(os.environ.get("SLUICE_E2E_READY_TIMEOUT", "900"))
 QUEUE_METRIC = "sluice_queue_requests"
 
@@ -124,6 +126,7 @@ def release(namespace: str) -> Iterator[str]:
             "verbose": True,
         },
         "runtime": {"image": split_image(RUNTIME_IMAGE)},
+        "router": {"image": split_image(ROUTER_IMAGE)},
         "rbac": {"podMonitors": True},
     }
     name = namespace  # release names are per namespace; this keeps ClusterRoles apart too
