@@ -5,6 +5,7 @@ API (fake_hub.py)."""
 from __future__ import annotations
 
 import base64
+import json
 
 from kopf_testkit import DEPLOYMENT, condition, create, get, patch_spec, status
 from operator_cluster import wait_for
@@ -97,3 +98,33 @@ def test_an_unresolvable_revision_is_reported_and_nothing_unpinned_is_deployed(c
         lambda: "no such repository" in condition(cluster, ns, "gone", "Ready").get("message", ""),
         what="the 404 reported",
     )
+
+
+def test_hf_lora_adapters_are_pinned_too(cluster, ns, hub):
+    adapter_repo = "acme/sql-lora"
+    create(cluster, ns, "chat", model={
+        "source": "bundled://smollm2-135m",
+        "lora": {"adapters": [{"name": "sql", "source": f"hf://{adapter_repo}"},
+                              {"name": "tagged", "source": f"hf://{adapter_repo}", "revision": "v1"}]},
+    })  # fmt: skip
+
+    def lora_revisions() -> dict[str, str] | None:
+        deployment = get(cluster, DEPLOYMENT, ns, "chat")
+        if deployment is None:
+            return None
+        [init] = deployment["spec"]["template"]["spec"]["initContainers"]
+        env = {e["name"]: e.get("value") for e in init["env"]}
+        adapters = json.loads(env["SLUICE_LORA_ADAPTERS"])
+        return {a["dir"].rsplit("/", 1)[-1]: a["revision"] for a in adapters}
+
+    first = {"sql": hub.sha(adapter_repo), "tagged": hub.sha(adapter_repo, "v1")}
+    wait_for(lambda: lora_revisions() == first, what="the adapters pinned")
+    pins = wait_for(lambda: status(cluster, ns, "chat").get("model"), what="status.model")
+    assert pins == {"adapters": [
+        {"name": "sql", "requested": f"{adapter_repo}@main", "revision": first["sql"]},
+        {"name": "tagged", "requested": f"{adapter_repo}@v1", "revision": first["tagged"]},
+    ]}  # fmt: skip
+    hub.push(adapter_repo)
+    patch_spec(cluster, ns, "chat", {"replicas": 2})
+    wait_for(lambda: status(cluster, ns, "chat").get("observedGeneration") == 2, what="status")
+    assert lora_revisions() == first  # the branch moved; the pods keep the pinned commit

@@ -18,7 +18,7 @@ SHORT_NAME = "sisvc"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 # the CRD schema this operator was built for (crds/inferenceservice.yaml carries it in the
 # annotation below; bump both with every schema change)
-CRD_SCHEMA_VERSION = 3
+CRD_SCHEMA_VERSION = 4
 ANNOTATION_SCHEMA_VERSION = "sluice.dev/schema-version"
 
 # --- who we are ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`hf://` models pinned to the commit they resolved to (as OME and KServe do).
+"""`hf://` models and LoRA adapters pinned to the commit they resolved to (as OME and
+KServe do).
 
 `spec.model.revision` may be a branch or tag (`main` when unset): what it names moves when
 the repository gets a commit. Without a pin, a rollout, a rescheduled pod or a scale-up
@@ -8,9 +9,11 @@ different weights. So the operator resolves it once, through the Hub API
 token of `spec.model.tokenSecretRef` and the `HF_ENDPOINT` of `spec.env` (a mirror) when
 given, and:
 
-- records it in `status.model` (`revision`, and `requested`: what it resolved);
-- puts the commit in the download container (`SLUICE_MODEL_REVISION`), so every pod of
-  the template fetches exactly that commit.
+- records it in `status.model` (`revision`, and `requested`: what it resolved; each hf://
+  adapter's under `adapters`, by name);
+- puts the commit in the download containers (`SLUICE_MODEL_REVISION`, and each adapter's
+  `revision` in the LoRA download's list), so every pod of the template fetches exactly
+  that commit.
 
 The pin is kept while `requested` still describes the spec: other spec changes (replicas,
 resources, an env var) roll pods on the same commit. A new repo or revision resolves
@@ -49,38 +52,65 @@ class RevisionError(Exception):
 
 
 @dataclass(frozen=True)
-class ModelPin:
-    """What status.model records."""
-
-    requested: str  # "org/name@revision[#refresh]"
+class Pin:
+    requested: str  # "org/name@revision[#refresh]": what was resolved
     revision: str  # the commit
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, str]:
         return {"requested": self.requested, "revision": self.revision}
 
 
-def requested_of(isvc: InferenceServiceSpec, annotations: Mapping[str, str]) -> str | None:
-    """The key a pin is valid for; None when the model is not an `hf://` repo."""
-    source = isvc.model.source
-    if source.scheme != "hf":
-        return None
-    key = f"{source.repo}@{isvc.model.revision or DEFAULT_REVISION}"
-    refresh = annotations.get(c.ANNOTATION_REFRESH_REVISION)
+@dataclass(frozen=True)
+class ModelPin:
+    """What status.model records: the model's pin (an hf:// model) and each hf:// LoRA
+    adapter's, by adapter name."""
+
+    model: Pin | None = None
+    adapters: tuple[tuple[str, Pin], ...] = ()
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = self.model.status() if self.model else {}
+        if self.adapters:
+            status["adapters"] = [{"name": name, **pin.status()} for name, pin in self.adapters]
+        return status
+
+
+def _requested(repo: str, revision: str | None, refresh: str | None) -> str:
+    key = f"{repo}@{revision or DEFAULT_REVISION}"
     return f"{key}#{refresh}" if refresh else key
 
 
 def pinned(isvc: InferenceServiceSpec, pin: ModelPin | None) -> InferenceServiceSpec:
-    """The spec whose download fetches the pinned commit."""
+    """The spec whose downloads fetch the pinned commits."""
     if pin is None:
         return isvc
-    return dataclasses.replace(isvc, model=dataclasses.replace(isvc.model, revision=pin.revision))
+    model = isvc.model
+    if pin.model is not None:
+        model = dataclasses.replace(model, revision=pin.model.revision)
+    commits = dict(pin.adapters)
+    if model.lora is not None and commits:
+        adapters = tuple(
+            dataclasses.replace(a, revision=commits[a.name].revision) if a.name in commits else a
+            for a in model.lora.adapters
+        )
+        model = dataclasses.replace(model, lora=dataclasses.replace(model.lora, adapters=adapters))
+    return dataclasses.replace(isvc, model=model)
 
 
-def recorded_pin(body: Mapping[str, Any]) -> ModelPin | None:
-    model = (body.get("status") or {}).get("model") or {}
-    if isinstance(model.get("requested"), str) and isinstance(model.get("revision"), str):
-        return ModelPin(model["requested"], model["revision"])
-    return None
+def recorded_pin(body: Mapping[str, Any]) -> ModelPin:
+    recorded = (body.get("status") or {}).get("model") or {}
+
+    def pin_of(item: Mapping[str, Any]) -> Pin | None:
+        requested, revision = item.get("requested"), item.get("revision")
+        ok = isinstance(requested, str) and isinstance(revision, str)
+        return Pin(requested, revision) if ok else None  # type: ignore[arg-type]
+
+    adapters = tuple(
+        (str(item["name"]), pin)
+        for item in recorded.get("adapters") or []
+        if isinstance(item, Mapping) and (pin := pin_of(item)) is not None and item.get("name")
+    )
+    return ModelPin(pin_of(recorded), adapters)
 
 
 async def pin_model(
@@ -91,24 +121,40 @@ async def pin_model(
     default_endpoint: str,
     timeout: float,
 ) -> ModelPin | None:
-    """The pin for this spec: the recorded one while it still applies, else a fresh
-    resolution. Raises RevisionError."""
+    """The pins for this spec (None: nothing comes from the Hub): each recorded one while
+    it still applies, the others resolved now. Raises RevisionError."""
     annotations = (body.get("metadata") or {}).get("annotations") or {}
-    requested = requested_of(isvc, annotations)
-    if requested is None:
+    refresh = annotations.get(c.ANNOTATION_REFRESH_REVISION)
+    wanted: list[tuple[str | None, str, str | None]] = []  # (adapter name or None, repo, rev)
+    if isvc.model.source.scheme == "hf":
+        wanted.append((None, str(isvc.model.source.repo), isvc.model.revision))
+    for adapter in isvc.model.lora.adapters if isvc.model.lora else ():
+        if adapter.source.scheme == "hf":
+            wanted.append((adapter.name, str(adapter.source.repo), adapter.revision))
+    if not wanted:
         return None
     recorded = recorded_pin(body)
-    if recorded is not None and recorded.requested == requested:
-        return recorded
-    revision = isvc.model.revision or DEFAULT_REVISION
-    if COMMIT.match(revision):
-        return ModelPin(requested, revision)
+    before = {None: recorded.model, **dict(recorded.adapters)}
     endpoint = _env_value(isvc, "HF_ENDPOINT") or default_endpoint
-    token = await _token(api, isvc)
-    sha = await resolve(
-        endpoint, str(isvc.model.source.repo), revision, token=token, timeout=timeout
-    )
-    return ModelPin(requested, sha)
+    token: str | None = None
+    token_read = False
+    model: Pin | None = None
+    adapters: list[tuple[str, Pin]] = []
+    for name, repo, revision in wanted:
+        requested = _requested(repo, revision, refresh)
+        pin = before.get(name)
+        if pin is None or pin.requested != requested:
+            commit = revision or DEFAULT_REVISION
+            if not COMMIT.match(commit):
+                if not token_read:
+                    token, token_read = await _token(api, isvc), True
+                commit = await resolve(endpoint, repo, commit, token=token, timeout=timeout)
+            pin = Pin(requested, commit)
+        if name is None:
+            model = pin
+        else:
+            adapters.append((name, pin))
+    return ModelPin(model, tuple(adapters))
 
 
 async def resolve(
