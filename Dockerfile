@@ -45,8 +45,8 @@ RUN pip wheel --no-deps --wheel-dir /wheels . \
     && echo "sluice[runtime,gpu] @ file://${wheel}" >/wheels/runtime-cuda.txt
 
 # ---------------------------------------------------------------------------------------
-# The operator image: slim Python, the `operator` extra only.
-FROM ${PYTHON_IMAGE} AS operator
+# What the slim images (operator, router) share: Python, uid 1000, the wheels.
+FROM ${PYTHON_IMAGE} AS slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -57,6 +57,10 @@ RUN groupadd --gid 1000 sluice \
     && useradd --uid 1000 --gid 1000 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin sluice
 COPY --from=wheel /wheels /wheels
+
+# ---------------------------------------------------------------------------------------
+# The operator image: slim Python, the `operator` extra only.
+FROM slim AS operator
 # The sluice wheel is this build's own file; its dependencies follow pyproject.toml. The
 # last step proves the operator imports without torch.
 RUN python -m venv "$VIRTUAL_ENV" \
@@ -70,17 +74,7 @@ ENTRYPOINT ["python", "-m", "sluice.operator"]
 # ---------------------------------------------------------------------------------------
 # The router image: slim Python, the `router` extra only. The operator runs it with
 # command `sluice router` and its own arguments (builders/router.py).
-FROM ${PYTHON_IMAGE} AS router
-ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    VIRTUAL_ENV=/opt/sluice/venv \
-    PATH=/opt/sluice/venv/bin:$PATH
-RUN groupadd --gid 1000 sluice \
-    && useradd --uid 1000 --gid 1000 --no-create-home --home-dir /nonexistent \
-       --shell /usr/sbin/nologin sluice
-COPY --from=wheel /wheels /wheels
+FROM slim AS router
 # The last steps prove the router parses its flags and builds its app without torch (not
 # installed here): what tests/chart/test_dockerfile.py checks without Docker.
 RUN python -m venv "$VIRTUAL_ENV" \

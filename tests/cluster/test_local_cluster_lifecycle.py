@@ -79,6 +79,14 @@ def kill_when_started(
     return records
 
 
+def kill_and_down(up: subprocess.Popen[bytes], workdir: Path) -> subprocess.CompletedProcess[str]:
+    """Whatever the test left: `up` killed if still running, then `down`."""
+    if up.poll() is None:
+        up.kill()
+        up.wait()
+    return run_script("down", "--dir", str(workdir), timeout=180)
+
+
 def assert_nothing_left(workdir: Path, records: dict[str, Any]) -> None:
     assert live_groups(records) == {}
     assert naming(workdir) == []
@@ -100,10 +108,7 @@ def test_down_stops_what_an_up_killed_during_start_up_left(
         assert state is not None and state["phase"] == "starting"
         assert state["dir"] == str(workdir) and state["owner"]["pid"] == up.pid
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
-        down = run_script("down", "--dir", str(workdir), timeout=180)
+        down = kill_and_down(up, workdir)
     assert down.returncode == 0, down.stderr
     assert down.stdout.strip() == f"local cluster in {workdir} stopped"
     assert_nothing_left(workdir, records)
@@ -154,10 +159,7 @@ def test_up_over_a_half_running_cluster_starts_it_afresh(binaries: Path, tmp_pat
         ]
         assert recorded(workdir) == third
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
-        down = run_script("down", "--dir", str(workdir), timeout=180)
+        down = kill_and_down(up, workdir)
     assert down.returncode == 0, down.stderr
     assert_nothing_left(workdir, records)
 

@@ -215,13 +215,16 @@ class KubeApi:
             content_type="application/merge-patch+json",
         )
 
-    async def create(self, resource: Resource, namespace: str, obj: Mapping[str, Any]) -> None:
+    async def create(
+        self, resource: Resource, namespace: str, obj: Mapping[str, Any], *, fenced: bool = True
+    ) -> None:
         await self._request(
             "POST",
             resource.path(namespace),
             params={"fieldManager": c.FIELD_MANAGER},
             body=json.dumps(obj),
             content_type="application/json",
+            fenced=fenced,
         )
 
     async def delete(self, resource: Resource, namespace: str, name: str, *, uid: str) -> bool:
@@ -247,14 +250,7 @@ class KubeApi:
 
     async def create_lease(self, namespace: str, lease: Mapping[str, Any]) -> None:
         """Create the leader election Lease (not fenced: it is how a replica becomes leader)."""
-        await self._request(
-            "POST",
-            LEASES.path(namespace),
-            params={"fieldManager": c.FIELD_MANAGER},
-            body=json.dumps(lease),
-            content_type="application/json",
-            fenced=False,
-        )
+        await self.create(LEASES, namespace, lease, fenced=False)
 
     async def update_lease(self, namespace: str, name: str, lease: Mapping[str, Any]) -> None:
         """Replace the Lease; its metadata.resourceVersion makes a lost race a 409."""
