@@ -157,9 +157,10 @@ def test_only_the_lease_holder_writes_and_a_paused_leader_is_fenced(
     assert before.writes(standby) == []
 
     # 2. the leader is paused past its Lease in the middle of its work (a batch of services
-    # queued, the first one written): the standby takes over and converges them all; the
-    # paused one keeps reconciles in flight, whose next writes come right after it wakes
+    # queued, the first one written). The standby takes over and converges the batch, and
+    # services created while the old leader sleeps, which it has never seen
     batch = [f"svc-{i}" for i in range(12)]
+    late = [f"late-{i}" for i in range(4)]
     leader = replicas[holder].process
     assert leader is not None
     kube.apply([isvc(ns, name) for name in batch])
@@ -170,20 +171,26 @@ def test_only_the_lease_holder_writes_and_a_paused_leader_is_fenced(
     try:
         wait_until("the standby holding the Lease", lambda: _holder(kube) == standby,
                    timeout=60, explain=explain)  # fmt: skip
-        for name in batch:
+        kube.apply([isvc(ns, name) for name in late])
+        for name in batch + late:
             wait_until(f"{name} Ready under the new leader", lambda n=name: is_ready(kube.isvc(ns, n)),
                        timeout=120, explain=explain)  # fmt: skip
     finally:
         woken = Audit(kube)
         os.kill(leader.pid, signal.SIGCONT)
 
-    # 3. woken up, the old leader is fenced: its stale Lease refuses every write before it
-    # is sent, and at its next try it finds the Lease taken and stays a standby
+    # 3. woken up, the old leader is fenced: every write it starts is refused before it is
+    # sent (its Lease is stale), and at its next try it finds the Lease taken and stays a
+    # standby. A request it had checked and begun before the pause may still land (one per
+    # worker at most: client-go has the same window; the API server has no fencing token);
+    # a write about anything it learns after waking — the late services, a new one — never
     wait_until("the old leader back in the election (two Lease reads since it woke)",
                lambda: woken.lease_reads(holder) >= 2, timeout=60, explain=explain)  # fmt: skip
     kube.apply(isvc(ns, "third"))
     wait_until("Ready after the old leader woke", lambda: is_ready(kube.isvc(ns, "third")),
                timeout=120, explain=explain)  # fmt: skip
-    assert woken.writes(holder) == [], "a fenced replica wrote"
+    after = woken.writes(holder)
+    assert [w for w in after if w.rsplit("/", 1)[-1] in (*late, "third")] == [], after
+    assert len(after) <= int(replicas[holder].env.get("SLUICE_WORKERS", "4")), after
     assert woken.writes(standby), "the new leader's writes are not in the audit log"
     assert _holder(kube) == standby and leader.poll() is None
