@@ -9,11 +9,15 @@ an API server adds. `SluiceEmulator` fills the gaps:
   ignore everything else (a handler that writes status the wrong way loses it here too);
 - optimistic concurrency: a patch carrying `metadata.resourceVersion` fails with 409 when
   the object has moved on; a DELETE's `preconditions.uid` must match;
-- server-side apply with field managers (field_managers.py): `metadata.managedFields`,
-  conflicts (409) unless forced, shared ownership, and a field released by its only
-  manager is removed and defaulted again (a Deployment's `spec.replicas` falls to 1);
-  merge/JSON patches and the scale subresource record their manager (`fieldManager`, or
-  the User-Agent's product) as the owner of what they changed;
+- server-side apply with field managers, as structured-merge-diff does it
+  (field_managers.py, typed by the Kubernetes OpenAPI and the CRDs' schemas):
+  `metadata.managedFields`, list-maps merged and owned item by item by their keys
+  (containers, env vars, ports, volumes...), conflicts (409) per field unless forced,
+  shared ownership, and a field or list item released by its only manager is removed
+  (a Deployment's `spec.replicas` is then defaulted again to 1); merge/JSON patches and
+  the scale subresource record their manager (`fieldManager`, or the User-Agent's
+  product) as the owner of what they changed (the same writes on a real kube-apiserver:
+  tests/cluster/test_cluster_ssa_listmaps.py);
 - the scale subresource (`kubectl scale`, the HPA) sets `.spec.replicas`;
 - label selectors on lists and watches (`a=b`, `a!=b`, `a`, `!a`, comma-joined);
 - no-op writes produce no watch event and keep the resourceVersion; `dryRun=All`
@@ -33,11 +37,8 @@ API server writes, and a SelfSubjectAccessReview says so; discovery stays allowe
 Not emulated (covered elsewhere): schema validation and defaulting beyond the fields in
 field_managers.DEFAULTS (operator_validators.py and kubernetes-validate in the tests),
 admission, RBAC beyond `denied` (the recorded requests are checked against
-`rbac.REQUIRED_PERMISSIONS`), server-side apply's list-maps (a list such as containers,
-env, ports or volumes is one field here; the API server merges it item by item by key, so
-two managers that set different containers or env vars share it there and conflict here:
-see field_managers.py),
-the Deployment, ReplicaSet and HPA controllers (tests act as them).
+`rbac.REQUIRED_PERMISSIONS`), the Deployment, ReplicaSet and HPA controllers (tests act
+as them).
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ import attrs
 import field_managers as fm
 import jsonpatch
 import kmock
+from operator_testkit import load_crd
 
 STATUS = "status"
+fm.register_crd(load_crd())  # the InferenceService, typed by its schema as the server does
 
 
 @attrs.define(kw_only=True)
@@ -304,6 +307,8 @@ class SluiceEmulator(kmock.KubernetesEmulator):
         if meta.get("namespace"):
             obj["metadata"]["namespace"] = meta["namespace"]
         self._stamp_managed_fields(obj)
+        if resource.plural == "customresourcedefinitions":
+            fm.register_crd(obj)
         if key in self._objects:
             self._objects[key].create(obj)
         else:
