@@ -7,7 +7,7 @@ in operator/README.md; run with `-s` to print them).
   each (the resync, once per SLUICE_RESYNC_SECONDS, is the only steady cost).
 
 The operator here resyncs every 300 s (the default), so every request in a window is
-caused by the events of that window."""
+caused by the events of that window, once the events before it are settled (`settled`)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import time
 import pytest
 from kopf_testkit import (
     DEPLOYMENT,
+    HANDOVER,
     HPA,
     HPA_MANAGER,
     OPERATOR_AGENTS,
@@ -25,6 +26,7 @@ from kopf_testkit import (
     create,
     events,
     get,
+    replicas_owners,
     report_replicas,
     status,
 )
@@ -103,18 +105,59 @@ def serving(cluster, ns: str, name: str) -> None:
     wait_for(lambda: get(cluster, HPA, ns, name), what=f"the HPA of {name}")
     report_replicas(cluster, ns, name, replicas=1, available=1)
     hpa_metrics(cluster, ns, name, 0)
+    handed_over(cluster, ns, name)
 
 
-def degraded_barrier(cluster, ns: str, name: str, timeout: float = WAIT_S) -> None:
-    """An HPA problem the status shows: once the Degraded condition and the Warning Event
-    the operator posts after it (a separate request) are both there, the operator has
-    nothing left to do for the events so far."""
+def handed_over(cluster, ns: str, name: str, timeout: float = WAIT_S) -> None:
+    """The last child writes for a new autoscaled service are the hand-over of
+    spec.replicas (replicas.py), in the first reconcile after the one that created the
+    Deployment: once the hand-over manager alone owns the field, a reconcile of the same
+    spec applies nothing."""
+    wait_for(lambda: replicas_owners(get(cluster, DEPLOYMENT, ns, name) or {"metadata": {}})
+             == {HANDOVER}, timeout=timeout, what=f"the hand-over of {name}'s replicas")  # fmt: skip
+
+
+def settled(
+    cluster, ns: str, name: str, conditions: dict[str, tuple[str, str]], *,
+    counts: dict[str, int] | None = None, events_of: tuple[str, ...] = (),
+    timeout: float = WAIT_S,
+) -> None:  # fmt: skip
+    """The barrier before a window: the status shows the outcome of every write so far,
+    each condition's (status, reason) and the `counts` (readyReplicas...), and the Events
+    of the `events_of` reasons are posted (after the status write that turned them, in the
+    same reconcile). That outcome is the operator's fixpoint for those writes: a reconcile
+    still queued, or one that a late watch event starts, writes and posts nothing.
+
+    One condition is not enough: the operator watches Deployments, ReplicaSets and HPAs
+    on separate streams, so it may see an HPA problem before the rollout that came first,
+    show the problem, and report the rollout (Ready, its Event) inside the window."""
+
+    def outcome() -> bool:
+        now = status(cluster, ns, name)
+        shown = {c["type"]: (c["status"], c["reason"]) for c in now.get("conditions", [])}
+        return all(shown.get(k) == v for k, v in conditions.items()) and all(
+            now.get(k) == v for k, v in (counts or {}).items()
+        )
+
+    wait_for(outcome, timeout=timeout, what=f"{name}'s status to show {conditions} {counts}")
+    for reason in events_of:
+        wait_for(lambda r=reason: any(e["involvedObject"]["name"] == name
+                                      for e in events(cluster, ns, r)),
+                 timeout=timeout, what=f"the {reason} Event of {name}")  # fmt: skip
+
+
+READY = {"Ready": ("True", "Serving"), "Available": ("True", "ReplicasAvailable"),
+         "Progressing": ("False", "RolloutComplete")}  # fmt: skip
+CANNOT_SCALE = ("True", "AutoscalerCannotScale")
+
+
+def degraded_barrier(cluster, ns: str, name: str) -> None:
+    """The HPA reports a problem to a serving service: settled once the status shows the
+    rollout and the problem, and both Events (Ready, the problem) are posted."""
     hpa_metrics(cluster, ns, name, 0, able=False)
-    wait_for(lambda: condition(cluster, ns, name, "Degraded").get("status") == "True",
-             timeout=timeout, what=f"the HPA problem of {name} in the status")  # fmt: skip
-    reason = condition(cluster, ns, name, "Degraded")["reason"]
-    wait_for(lambda: any(e["involvedObject"]["name"] == name for e in events(cluster, ns, reason)),
-             timeout=timeout, what=f"the {reason} Event of {name}")  # fmt: skip
+    settled(cluster, ns, name, {**READY, "Degraded": CANNOT_SCALE},
+            counts={"readyReplicas": 1, "replicas": 1},
+            events_of=("Ready", "AutoscalerCannotScale"))  # fmt: skip
 
 
 def test_status_only_hpa_writes_cost_no_request(cluster, ns):
@@ -146,7 +189,10 @@ def test_a_deployment_status_event_costs_one_status_write(cluster, ns):
         field_manager=HPA_MANAGER,
     )  # fmt: skip  the HPA scales up
     report_replicas(cluster, ns, "chat", replicas=3, available=2)
-    wait_for(lambda: status(cluster, ns, "chat").get("readyReplicas") == 2, what="2 ready")
+    settled(cluster, ns, "chat", {"Ready": ("True", "Serving"),
+            "Available": ("True", "ReplicasAvailable"), "Degraded": ("False", "AsExpected"),
+            "Progressing": ("True", "ReplicasStarting")},
+            counts={"readyReplicas": 2, "replicas": 3}, events_of=("Ready",))  # fmt: skip
     mark = len(cluster.requests())
 
     # the Deployment controller counts the third pod ready
@@ -168,7 +214,11 @@ def test_fifty_autoscaled_services_under_changing_metrics_stay_within_budget(clu
         wait_for(lambda n=name: status(cluster, ns, n).get("observedGeneration") == 1
                  and get(cluster, HPA, ns, n), timeout=3 * WAIT_S, what=f"{name} reconciled")  # fmt: skip
     last = names[-1]
-    degraded_barrier(cluster, ns, last, timeout=3 * WAIT_S)
+    hpa_metrics(cluster, ns, last, 0, able=False)  # no pods yet: not Ready, the problem shown
+    settled(cluster, ns, last, {"Ready": ("False", "AutoscalerCannotScale"),
+            "Progressing": ("True", "DeploymentCreated"), "Degraded": CANNOT_SCALE},
+            events_of=("AutoscalerCannotScale",), timeout=3 * WAIT_S)  # fmt: skip
+    handed_over(cluster, ns, last, timeout=3 * WAIT_S)
     mark, started = len(cluster.requests()), time.monotonic()
 
     for value in range(1, 3):  # two rounds of metrics for every service
