@@ -50,7 +50,7 @@ class Controller:
         self._workers: list[asyncio.Task[None]] = []
         self._election: LeaderElection | None = None
         self._campaign: asyncio.Task[None] | None = None
-        self._generations: dict[Key, Wanted] = {}  # what the last reconcile converged
+        self._converged: dict[Key, Wanted] = {}  # what the last reconcile converged
         self._fresh_at: dict[Key, float] = {}  # when a reconcile last read everything fresh
 
     @property
@@ -97,7 +97,7 @@ class Controller:
         if event_type == "DELETED":
             self._forget(key)
             return
-        if event_type == "MODIFIED" and wanted(body) == self._generations.get(key):
+        if event_type == "MODIFIED" and wanted(body) == self._converged.get(key):
             return  # metadata or status only (our own status writes): nothing to converge
         self.queue.add(key)
 
@@ -125,7 +125,7 @@ class Controller:
 
     def _forget(self, key: Key) -> None:
         self.queue.discard(key)
-        self._generations.pop(key, None)
+        self._converged.pop(key, None)
         self._fresh_at.pop(key, None)
 
     async def _run(self, key: Key) -> None:
@@ -134,7 +134,7 @@ class Controller:
             outcome = await reconcile(
                 key,
                 self.ctx,
-                seen=lambda generation: self._generations.__setitem__(key, generation),
+                seen=lambda generation: self._converged.__setitem__(key, generation),
                 fresh=self._fresh(key),
             )
         except NotLeader as fenced:

@@ -61,7 +61,8 @@ class LeaderElection:
         self.timing = timing or LeaseTiming()
         self._now = now
         self._renewed_at: float | None = None  # start of our last successful write
-        self._observed: tuple[str, float] | None = None  # (holder record, when we saw it)
+        # the Lease's (holder, renewTime) as last seen, and when this replica first saw it
+        self._observed: tuple[tuple[str, str], float] | None = None
         self.leading = asyncio.Event()
 
     # -- the fence
@@ -81,7 +82,7 @@ class LeaderElection:
 
     @property
     def holder(self) -> str:
-        return self._observed[0].split("\n", 1)[0] if self._observed else ""
+        return self._observed[0][0] if self._observed else ""
 
     # -- the loop
     async def run(
@@ -122,10 +123,10 @@ class LeaderElection:
                 self._won(started)
                 return True
             spec = lease.get("spec") or {}
-            record = f"{spec.get('holderIdentity') or ''}\n{spec.get('renewTime') or ''}"
+            holder = str(spec.get("holderIdentity") or "")
+            record = (holder, str(spec.get("renewTime") or ""))
             if self._observed is None or self._observed[0] != record:
                 self._observed = (record, started)
-            holder = spec.get("holderIdentity") or ""
             expired = started - self._observed[1] >= self.timing.lease_duration
             if holder and holder != self.identity and not expired:
                 return False
@@ -139,7 +140,7 @@ class LeaderElection:
 
     def _won(self, started: float) -> None:
         self._renewed_at = started
-        self._observed = (f"{self.identity}\n", started)
+        self._observed = ((self.identity, ""), started)
 
     def _lease_body(self, current: dict[str, Any] | None) -> dict[str, Any]:
         spec = dict((current or {}).get("spec") or {})

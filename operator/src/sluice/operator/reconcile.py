@@ -179,8 +179,9 @@ async def reconcile(
     *,
     fresh: bool = True,
 ) -> Outcome:
-    """`seen(wanted)` is told what this run converges (`wanted`), as soon as it is read. `fresh`: read everything from the API server (the resync, a retry), not from
-    the watch cache."""
+    """`seen(wanted)` is told what this run converges (`wanted`), as soon as it is read.
+    `fresh`: read everything from the API server (the resync, a retry), not from the
+    watch cache."""
     namespace, name = key
     ctx = ctx.reading(fresh=fresh)
     body = await ctx.api.get(INFERENCESERVICES, namespace, name)
@@ -191,9 +192,7 @@ async def reconcile(
     try:
         isvc = read_spec(body, ctx.settings)
     except SpecError as error:
-        deployment = await _owned(ctx.api, body)
-        failure = Failure(c.REASON_INVALID_SPEC, str(error))
-        return await _report(ctx, body, failed_observation(body, deployment, failure=failure), DONE)
+        return await _report_failure(ctx, body, Failure(c.REASON_INVALID_SPEC, str(error)), DONE)
 
     try:
         pin = await pin_model(
@@ -205,12 +204,9 @@ async def reconcile(
         )
     except RevisionError as error:
         logger.warning(f"[{namespace}/{name}] {error}")
-        deployment = await _owned(ctx.api, body)  # keeps running its pinned commit
         phase = c.PHASE_PENDING if error.transient else c.PHASE_FAILED
         failure = Failure(c.REASON_REVISION_UNRESOLVED, str(error), phase)
-        return await _report(
-            ctx, body, failed_observation(body, deployment, failure=failure), RETRY
-        )
+        return await _report_failure(ctx, body, failure, RETRY)  # a Deployment keeps its pin
     isvc = pinned(isvc, pin)
 
     optional = {
@@ -406,6 +402,15 @@ def failed_observation(
         failure=failure,
         optional=optional,
     )
+
+
+async def _report_failure(
+    ctx: Context, body: Mapping[str, Any], failure: Failure, outcome: Outcome
+) -> Outcome:
+    """Report a reconcile that stopped before applying anything; the Deployment it owns
+    (if any) still runs and its counts are reported."""
+    deployment = await _owned(ctx.api, body)
+    return await _report(ctx, body, failed_observation(body, deployment, failure=failure), outcome)
 
 
 async def _owned(api: CachedApi, body: Mapping[str, Any]) -> dict[str, Any] | None:
