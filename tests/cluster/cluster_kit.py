@@ -20,6 +20,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
+import cluster_processes  # noqa: E402
 import local_cluster  # noqa: E402
 from server_process import wait_for  # noqa: E402
 
@@ -180,7 +181,7 @@ class OperatorProcess:
     def start(self) -> None:
         self._offset = self.log.stat().st_size if self.log.exists() else 0
         # its own process group; SIGKILLed by the kernel if the test run dies
-        self.process = local_cluster.popen_group(self.argv, self.log, self.env,
+        self.process = cluster_processes.popen_group(self.argv, self.log, self.env,
                                                  die_with_parent=True)  # fmt: skip
         if self.health_url:
             wait_until(
@@ -211,7 +212,7 @@ class OperatorProcess:
     def stop(self, sig: int = 15, timeout: float = 30) -> int | None:
         if self.process is None:
             return None
-        local_cluster._stop_group(self.process.pid, timeout) if sig == 15 else os.killpg(
+        cluster_processes._stop_group(self.process.pid, timeout) if sig == 15 else os.killpg(
             self.process.pid, sig
         )
         try:

@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import cluster_processes
 import local_cluster
 import pytest
 from cluster_kit import REPO, wait_until
@@ -28,9 +29,9 @@ START_S = 240  # a component's start on a busy 2-core machine
 def naming(workdir: Path) -> list[str]:
     """Every live process (any program) whose command line names `workdir`, but this one."""
     found = []
-    for stat in local_cluster.all_processes():
-        argv = local_cluster.cmdline(stat.pid)
-        if stat.pid != os.getpid() and stat.state != "Z" and local_cluster.names_dir(argv, workdir):
+    for stat in cluster_processes.all_processes():
+        argv = cluster_processes.cmdline(stat.pid)
+        if stat.pid != os.getpid() and stat.state != "Z" and cluster_processes.names_dir(argv, workdir):
             found.append(f"{stat.pid}: {' '.join(argv)[:160]}")
     return found
 
@@ -43,7 +44,7 @@ def live_groups(records: dict[str, Any]) -> dict[str, list[int]]:
     return {
         name: members
         for name, rec in records.items()
-        if (members := local_cluster.group_members(rec["pgid"], rec["start"]))
+        if (members := cluster_processes.group_members(rec["pgid"], rec["start"]))
     }
 
 
@@ -140,7 +141,7 @@ def test_up_over_a_half_running_cluster_starts_it_afresh(binaries: Path, tmp_pat
         scheduler = second["kube-scheduler"]
         os.killpg(scheduler["pgid"], signal.SIGKILL)
         wait_until("kube-scheduler gone",
-                   lambda: not local_cluster.group_members(scheduler["pgid"], scheduler["start"]))  # fmt: skip
+                   lambda: not cluster_processes.group_members(scheduler["pgid"], scheduler["start"]))  # fmt: skip
         third_up = run_script("up", "--dir", str(workdir), "--bin", str(binaries))
         assert third_up.returncode == 0, third_up.stderr
         assert "is degraded (phase running" in third_up.stderr, third_up.stderr
@@ -205,7 +206,7 @@ def test_a_killed_test_run_takes_its_control_plane_and_operator_with_it(
         assert child.poll() is None, log.read_text(errors="replace")[-3000:]
         records = recorded(workdir / "plane")
         operator_pid = int((workdir / "operator.pid").read_text())
-        assert local_cluster.same_process(operator_pid, None)
+        assert cluster_processes.same_process(operator_pid, None)
         assert set(live_groups(records)) == {"etcd", "kube-apiserver"}
     finally:
         child.send_signal(signal.SIGKILL)
@@ -214,7 +215,7 @@ def test_a_killed_test_run_takes_its_control_plane_and_operator_with_it(
     wait_until("no process of the killed run", lambda: not naming(workdir), timeout=30,
                explain=lambda: "\n".join(naming(workdir)))  # fmt: skip
     assert live_groups(records) == {}
-    assert not local_cluster.same_process(operator_pid, None)
+    assert not cluster_processes.same_process(operator_pid, None)
     assert (
         json.loads(local_cluster.state_file(workdir / "plane").read_text())["phase"] == "starting"
     )

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import cluster_processes
 import local_cluster
 import psutil
 import pytest
@@ -25,7 +26,7 @@ def processes_naming(workdir: Path) -> list[str]:
     return [
         f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:160]}"
         for p in psutil.process_iter(["cmdline"])
-        if local_cluster.names_dir(p.info["cmdline"] or [], workdir)
+        if cluster_processes.names_dir(p.info["cmdline"] or [], workdir)
     ]
 
 
