@@ -84,6 +84,8 @@ METRIC_RETRACTED_TOKENS_TOTAL = "sluice_retracted_tokens_total"
 METRIC_PREFIX_CACHE_HIT_RATIO = "sluice_prefix_cache_hit_ratio"
 METRIC_GENERATION_THROUGHPUT = "sluice_generation_throughput_tokens_per_second"
 METRIC_MAX_TOTAL_TOKENS = "sluice_max_total_tokens"
+METRIC_SWA_TOKEN_USAGE = "sluice_swa_token_usage"
+METRIC_SWA_TOTAL_TOKENS = "sluice_swa_total_tokens"
 
 # server counters and histograms
 METRIC_REQUESTS_TOTAL = "sluice_requests_total"

@@ -44,6 +44,9 @@ class ForwardBatch:
     extra_logit_indices: torch.Tensor | None = None
     # deterministic mode: every matmul's row count is a multiple of this (see `padded`)
     row_multiple: int = 1
+    # with a window pool: this batch as the sliding-window layers see it (their own K/V,
+    # slot table and new slots; everything else the same)
+    window: ForwardBatch | None = None
 
     @property
     def batch_size(self) -> int:
@@ -59,7 +62,10 @@ class ForwardBatch:
         return torch.cumsum(self.extend_lens, dim=0) - 1
 
     def with_mode(self, mode: ForwardMode) -> ForwardBatch:
-        return self if mode is self.mode else replace(self, mode=mode)
+        if mode is self.mode:
+            return self
+        window = self.window.with_mode(mode) if self.window is not None else None
+        return replace(self, mode=mode, window=window)
 
     def rows(self, lo: int, hi: int) -> ForwardBatch:
         """Requests [lo, hi) as a batch of their own (their tokens, slots and lengths); the
@@ -68,6 +74,7 @@ class ForwardBatch:
         end = sum(self.extend_lens_cpu[:hi]) if hi < self.batch_size else self.num_tokens
         return replace(
             self,
+            window=self.window.rows(lo, hi) if self.window is not None else None,
             input_ids=self.input_ids[first:end],
             positions=self.positions[first:end],
             out_cache_loc=self.out_cache_loc[first:end],
@@ -91,8 +98,25 @@ class ForwardBatch:
 
         return replace(
             self,
+            window=self.window.padded(multiple) if self.window is not None else None,
             input_ids=pad(self.input_ids),
             positions=pad(self.positions),
             out_cache_loc=pad(self.out_cache_loc),
             row_multiple=multiple,
         )
+
+
+@dataclass(frozen=True)
+class WindowKV:
+    """The sliding-window layers' K/V (the window pool) and their KV-slot table, laid out
+    as the full ones (`req_to_token[row, pos]`: the window slot of that position)."""
+
+    kv: KVBuffers
+    req_to_token: torch.Tensor
+
+    def attach_view(self, batch: ForwardBatch, out_cache_loc: torch.Tensor) -> ForwardBatch:
+        """`batch` with its sliding layers' view (`out_cache_loc`: their new tokens' slots)."""
+        batch.window = replace(
+            batch, out_cache_loc=out_cache_loc, req_to_token=self.req_to_token, kv=self.kv
+        )
+        return batch

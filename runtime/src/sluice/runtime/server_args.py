@@ -76,6 +76,15 @@ class ServerArgs:
         "2048..4096 as SGLang; 64 on the CPU)."
     )
     max_prefill_tokens: int = option(8192, "Most prompt tokens admitted into one prefill batch.")
+    disable_hybrid_swa_memory: bool = option(
+        False, "Keep every token's K/V in sliding-window layers too (models with both full and "
+        "sliding-window layers: Gemma 2/3, gpt-oss); by default those layers keep only "
+        "their window, in a pool of their own."
+    )
+    swa_full_tokens_ratio: float = option(
+        0.0, "Sliding-window layers' pool, as a fraction of the full layers' pool in tokens "
+        "(0: sized from the model: every running request's window plus one prefill batch)."
+    )
     chunked_prefill_size: int = option(
         0, "Longest prompt piece prefilled in one tick; longer prompts are chunked (-1: off; "
         "0: auto, by GPU memory as SGLang: 8192 on an 80-160 GiB GPU; 2048 on the CPU)."
@@ -278,6 +287,8 @@ class ServerArgs:
             problems.append("--page-size must be >= 1")
         if self.max_running_requests < 0:
             problems.append("--max-running-requests must be >= 1 (0: auto)")
+        if not 0.0 <= self.swa_full_tokens_ratio <= 1.0:
+            problems.append("--swa-full-tokens-ratio must be within [0, 1]")
         if self.max_prefill_tokens < 1:
             problems.append("--max-prefill-tokens must be >= 1")
         if self.max_prefill_streak < 0:

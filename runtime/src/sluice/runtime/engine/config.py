@@ -30,7 +30,10 @@ class EngineConfig:
     cpu_kv_cache_gib: float
     mem_fraction_static: float
     max_running_requests: int
+    max_prefill_tokens: int
     chunked_prefill_size: int
+    disable_hybrid_swa_memory: bool
+    swa_full_tokens_ratio: float
     max_context_len: int
     torch_threads: int
     random_seed: int

@@ -42,6 +42,8 @@ class RowInput:
     logprob_start: int = 0
     logprob_targets: list[int] = field(default_factory=list)
     lora: int = 0  # the LoRA adapter's id (0: the base model)
+    # with a window pool: the sliding layers' slots of the same positions as `slots`
+    window_slots: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

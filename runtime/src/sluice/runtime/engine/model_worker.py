@@ -31,6 +31,7 @@ import torch
 
 from sluice.runtime.attention.base import AttentionBackend
 from sluice.runtime.attention.batch_invariant import ROW_MULTIPLE, BatchInvariantAttentionBackend
+from sluice.runtime.attention.hybrid import HybridWindowAttention
 from sluice.runtime.attention.registry import auto_fallback_name, resolve_backend_name
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.engine.adapters import create_lora_manager
@@ -58,13 +59,14 @@ from sluice.runtime.engine.step_inputs import (
     write_tables,
 )
 from sluice.runtime.engine.worker_setup import (
+    SlidingLayers,
     attention_backend,
     fallback_backend,
     pool_layout,
     set_torch_threads,
 )
 from sluice.runtime.features import ALL as ALL_FEATURES
-from sluice.runtime.forward import ForwardBatch
+from sluice.runtime.forward import ForwardBatch, WindowKV
 from sluice.runtime.ipc.messages import SchedulerReady
 from sluice.runtime.memory.kv_buffers import KVBuffers, bytes_per_token
 from sluice.runtime.memory.staging import Staged
@@ -128,19 +130,35 @@ class ModelWorker:
 
         kv_heads = self.model.local_config.num_key_value_heads  # this rank's share
         per_token = bytes_per_token(cfg.num_hidden_layers, kv_heads, cfg.head_dim, self.kv_dtype)
-        self.pool = pool_layout(args, cfg.context_length, per_token, self.device, tp)
+        sliding = None if args.disable_hybrid_swa_memory else self._sliding_layers(kv_heads)
+        self.pool = pool_layout(args, cfg.context_length, per_token, self.device, tp, sliding)
         total, page, context = self.pool.total_tokens, self.pool.page_size, self.pool.context_len
+        full_layers = None if sliding is None else set(range(cfg.num_hidden_layers)) - set(sliding.layers)
         self.kv = KVBuffers(
             (total // page + 1) * page, cfg.num_hidden_layers, kv_heads,
-            cfg.head_dim, self.kv_dtype, self.device,
+            cfg.head_dim, self.kv_dtype, self.device, full_layers,
         )
         table = (args.max_running_requests, context + page + 1)
         self.req_to_token = torch.zeros(table, dtype=torch.int32, device=self.device)
         self.token_table = torch.zeros(table, dtype=torch.int32, device=self.device)
+        self.window: WindowKV | None = None
+        if sliding is not None:
+            window_kv = KVBuffers(
+                (self.pool.window_tokens // page + 1) * page, cfg.num_hidden_layers, kv_heads,
+                cfg.head_dim, self.kv_dtype, self.device, sliding.layers,
+            )
+            self.window = WindowKV(window_kv, torch.zeros(table, dtype=torch.int32, device=self.device))
+            # the same backend again for the sliding layers, planning their view of each batch
+            second = attention_backend(args, self.device, self.dtype)
+            if self.fallback_name is not None and (make := fallback_backend(args, self.device)):
+                second = make()
+            backend = HybridWindowAttention(self.model.attn_backend, second)
+            self.model.attn_backend = backend
+        window_bytes = self.window.kv.total_bytes if self.window is not None else 0
         logger.info(
             "KV pool: %d tokens, %.1f MiB (%d bytes/token, %d of %d KV heads, %s on %s)",
-            total, self.kv.total_bytes / 2**20, per_token, kv_heads, cfg.num_key_value_heads,
-            self.kv_dtype, self.device,
+            total, (self.kv.total_bytes + window_bytes) / 2**20, self.kv.bytes_per_token,
+            kv_heads, cfg.num_key_value_heads, self.kv_dtype, self.device,
         )
         self.graph_runner = self._capture_cuda_graphs(backend)
 
@@ -151,6 +169,8 @@ class ModelWorker:
         off = cuda_graph_disabled_reason(
             self.device, backend, args.disable_cuda_graph, args.enable_deterministic_inference
         )
+        if off is None and self.window is not None:
+            off = "the sliding-window layers' own KV pool (--disable-hybrid-swa-memory keeps graphs)"
         if off is None and self.lora is not None:
             off = "LoRA adapters (--enable-lora: the batch's adapter segments are host-built)"
         if off is None and self.tp.size > 1:
@@ -200,6 +220,19 @@ class ModelWorker:
             tensor_parallel_size=self.tp.size,
         )
 
+    def _sliding_layers(self, kv_heads: int) -> SlidingLayers | None:
+        """The model's sliding-window layers, when it has full layers too (one window)."""
+        cfg = self.model_config
+        windows = {i: cfg.window_for(i) for i in range(cfg.num_hidden_layers)}
+        layers = tuple(i for i, w in windows.items() if w is not None)
+        if not layers or len(layers) == cfg.num_hidden_layers:
+            return None
+        if len({windows[i] for i in layers}) != 1:
+            raise ValueError("sliding-window layers with different windows: run --disable-hybrid-swa-memory")
+        per_layer = bytes_per_token(1, kv_heads, cfg.head_dim, self.kv_dtype)
+        full = cfg.num_hidden_layers - len(layers)
+        return SlidingLayers(windows[layers[0]] or 0, layers, full * per_layer, len(layers) * per_layer)
+
     def device_row(self, row: int, n: int) -> list[int]:
         """The first `n` KV slots of a table row (for the scheduler's integrity check)."""
         return self.req_to_token[row, :n].tolist()
@@ -210,8 +243,8 @@ class ModelWorker:
         inputs from one staged upload: `engine/step_inputs.py`)."""
         if staged is None:
             staged = self._stage(fi)
-        write_tables(staged, self.req_to_token, self.token_table)
-        fb = forward_batch_of(fi, staged, self.req_to_token, self.token_table, self.kv)
+        write_tables(staged, self.req_to_token, self.token_table, self.window)
+        fb = forward_batch_of(fi, staged, self.req_to_token, self.token_table, self.kv, self.window)
         if self.padded_rows:
             fb = fb.padded(ROW_MULTIPLE)
         return fb

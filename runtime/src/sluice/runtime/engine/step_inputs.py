@@ -15,7 +15,7 @@ import torch
 
 from sluice.runtime.engine.forward_input import ForwardInput, RowInput
 from sluice.runtime.engine.sampler import stage_sampling
-from sluice.runtime.forward import ForwardBatch, ForwardMode
+from sluice.runtime.forward import ForwardBatch, ForwardMode, WindowKV
 from sluice.runtime.memory.kv_buffers import KVBuffers
 from sluice.runtime.memory.staging import Staged, Staging
 
@@ -47,6 +47,7 @@ def stage_step(fi: ForwardInput, vocab: int, with_sampling: bool) -> Staging:
     """Every host value of the forward `fi` (and, `with_sampling`, of its sampling)."""
     stage = Staging()
     _table_writes(stage, "slots", fi.rows, "slot_start", "slots")
+    _table_writes(stage, "window_slots", fi.rows, "slot_start", "window_slots")
     _table_writes(stage, "tokens", fi.rows, "token_start", "tokens")
     token_rows: list[int] = []
     positions: list[int] = []
@@ -76,9 +77,17 @@ def stage_step(fi: ForwardInput, vocab: int, with_sampling: bool) -> Staging:
     return stage
 
 
-def write_tables(staged: Staged, req_to_token: torch.Tensor, token_table: torch.Tensor) -> None:
+def write_tables(
+    staged: Staged,
+    req_to_token: torch.Tensor,
+    token_table: torch.Tensor,
+    window: WindowKV | None = None,
+) -> None:
     """The rows' new KV slots and token ids into the worker's tables (device indexing)."""
-    for name, table in (("slots", req_to_token), ("tokens", token_table)):
+    tables = [("slots", req_to_token), ("tokens", token_table)]
+    if window is not None:
+        tables.append(("window_slots", window.req_to_token))
+    for name, table in tables:
         if staged.host(f"{name}.rows").numel():
             table[staged[f"{name}.rows"], staged[f"{name}.pos"]] = staged[f"{name}.values"]
 
@@ -89,13 +98,15 @@ def forward_batch_of(
     req_to_token: torch.Tensor,
     token_table: torch.Tensor,
     kv: KVBuffers,
+    window: WindowKV | None = None,
 ) -> ForwardBatch:
-    """The model's description of `fi`, its tensors views of the staged upload."""
+    """The model's description of `fi`, its tensors views of the staged upload; with a
+    window pool, `window` is the same batch as the sliding layers see it."""
     rows_t, pos_t = staged["token_rows"], staged["positions"]
     starts = [r.start for r in fi.rows]
     lens = [r.length for r in fi.rows]
     has_extra = any(r.logprob_targets for r in fi.rows)
-    return ForwardBatch(
+    batch = ForwardBatch(
         mode=ForwardMode.DECODE if all(n == 1 for n in lens) else ForwardMode.EXTEND,
         input_ids=token_table[rows_t, pos_t].to(torch.int64),
         positions=pos_t,
@@ -111,3 +122,6 @@ def forward_batch_of(
         kv=kv,
         extra_logit_indices=staged["extra"] if has_extra else None,
     )
+    if window is None:
+        return batch
+    return window.attach_view(batch, window.req_to_token[rows_t, pos_t].to(torch.int64))

@@ -16,6 +16,7 @@ from sluice.runtime.attention.registry import auto_fallback_name, create_model_b
 from sluice.runtime.distributed.group import TensorParallelGroup
 from sluice.runtime.engine.config import EngineConfig
 from sluice.runtime.kernels import cpu_extension
+from sluice.runtime.memory.window_pages import window_pool_floor
 from sluice.runtime.threads import model_worker_threads
 
 logger = logging.getLogger("sluice.model_worker")
@@ -67,6 +68,8 @@ class PoolLayout:
     rows: int  # request rows (max running requests)
     context_len: int  # longest sequence served
     model_context_len: int  # the model's own limit (before the pool clipped it)
+    window_tokens: int = 0  # the sliding layers' own pool (`window_pages`); 0: none
+    window: int = 0  # their window, in tokens
 
 
 def row_invariant_kernels(device: str, dtype: torch.dtype) -> bool:
@@ -97,14 +100,71 @@ def attention_backend(args: EngineConfig, device: str, dtype: torch.dtype) -> At
     return CpuAttentionBackend(use_kernels=True)
 
 
+@dataclass(frozen=True)
+class SlidingLayers:
+    """A model with both full and sliding-window layers, as its KV pools see it."""
+
+    window: int
+    layers: tuple[int, ...]  # the sliding layers' ids
+    full_bytes: int  # K plus V of one token in the full layers
+    window_bytes: int  # ... in the sliding layers
+
+
+def split_window_pool(args: EngineConfig, tokens: int, sliding: SlidingLayers) -> tuple[int, int]:
+    """(full pool, window pool) in tokens, from the pool of `tokens` every layer would have.
+
+    `--max-total-tokens` sizes the full pool itself; otherwise both share that pool's bytes.
+    The window pool gets `--swa-full-tokens-ratio` of the full pool's tokens or, at 0, what
+    the running requests' windows and one prefill batch can ever need (`window_pool_floor`);
+    never more than the full pool, and never less than that need (or the full pool)."""
+    page, ratio = args.page_size, args.swa_full_tokens_ratio
+    floor = window_pool_floor(
+        args.max_running_requests, sliding.window, page, args.max_prefill_tokens
+    )
+    if args.max_total_tokens > 0:
+        full = tokens
+        window = int(ratio * full) if ratio > 0 else floor
+    else:
+        budget = tokens * (sliding.full_bytes + sliding.window_bytes)
+        if ratio > 0:
+            full = int(budget // (sliding.full_bytes + ratio * sliding.window_bytes))
+            window = int(ratio * full)
+        else:
+            window = min(floor, tokens)
+            full = (budget - window * sliding.window_bytes) // sliding.full_bytes
+    full = full // page * page
+    window = min(window, full) // page * page
+    if window < min(floor, full):
+        raise ValueError(
+            f"--swa-full-tokens-ratio {ratio} gives the sliding-window layers {window} KV "
+            f"tokens; {args.max_running_requests} running requests' windows of "
+            f"{sliding.window} and one prefill batch need {min(floor, full)}: raise the ratio "
+            f"(or 0: sized from the model), or lower --max-running-requests"
+        )
+    return full, window
+
+
 def pool_layout(
-    args: EngineConfig, model_context: int, per_token_bytes: int, device: str, tp: TensorParallelGroup
+    args: EngineConfig,
+    model_context: int,
+    per_token_bytes: int,
+    device: str,
+    tp: TensorParallelGroup,
+    sliding: SlidingLayers | None = None,
 ) -> PoolLayout:
     """The KV pool (the same on every rank: the smallest any rank can hold) and the longest
     sequence served in it (one request alone must always fit the pool, so retraction can
-    always make progress)."""
+    always make progress); with `sliding`, the full and the window pool."""
     page = args.page_size
     total = tp.min_over_ranks(size_kv_pool(args, device, per_token_bytes, tp.local_size))
+    window_tokens = 0
+    if sliding is not None:
+        total, window_tokens = split_window_pool(args, total, sliding)
+        logger.info(
+            "sliding-window layers (%d, window %d) keep only their window: KV pools of %d "
+            "tokens (full layers) and %d (sliding layers)",
+            len(sliding.layers), sliding.window, total, window_tokens,
+        )  # fmt: skip
     total = total // page * page
     model_context = args.max_context_len or model_context
     context = min(model_context, total - page)
@@ -117,4 +177,7 @@ def pool_layout(
             "--cpu-kv-cache-gib / --mem-fraction-static) to serve longer sequences",
             context, model_context, total,
         )  # fmt: skip
-    return PoolLayout(total, page, args.max_running_requests, context, model_context)
+    return PoolLayout(
+        total, page, args.max_running_requests, context, model_context, window_tokens,
+        sliding.window if sliding is not None else 0,
+    )  # fmt: skip

@@ -200,6 +200,9 @@ class SchedulerStats:
     max_total_tokens: int = 0
     free_tokens: int = 0
     cached_tokens: int = 0
+    # the sliding-window layers' own pool (0 without one): its size, and the share attached
+    swa_total_tokens: int = 0
+    swa_token_usage: float = 0.0
     prefill_batches_total: int = 0  # ticks that prefilled something
     prefill_rows_total: int = 0  # requests (or chunks) those ticks prefilled
     failed_batches_total: int = 0  # forwards that raised (their requests ended with 'error')

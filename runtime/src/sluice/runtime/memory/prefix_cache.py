@@ -41,6 +41,9 @@ class PrefixCache(Protocol):
     def prefix_len(self, tokens: list[int]) -> int:
         """Length of that prefix without changing the cache (no split, no LRU touch)."""
 
+    def prefix_pages(self, tokens: list[int]) -> list[int]:
+        """The pages of that prefix, changing nothing."""
+
     def insert(self, tokens: list[int], pages: list[int]) -> PrefixMatch:
         """Cache page-aligned `tokens` on `pages`; `num_tokens` of the result is how many
         were cached already (the caller still owns those pages of its own)."""
@@ -55,6 +58,9 @@ class PrefixCache(Protocol):
     def reset(self) -> None: ...
 
     def all_pages(self) -> list[int]: ...
+
+    def pages_oldest_first(self) -> list[int]:
+        """Every cached page, least recently used first."""
 
     def check_integrity(self) -> None: ...
 
@@ -79,6 +85,9 @@ class NoPrefixCache:
     def prefix_len(self, tokens: list[int]) -> int:
         return 0
 
+    def prefix_pages(self, tokens: list[int]) -> list[int]:
+        return []
+
     def insert(self, tokens: list[int], pages: list[int]) -> PrefixMatch:
         # nothing is kept, so from the caller's view all of it was "already cached":
         # the caller frees its own copy of every page
@@ -97,6 +106,9 @@ class NoPrefixCache:
         pass
 
     def all_pages(self) -> list[int]:
+        return []
+
+    def pages_oldest_first(self) -> list[int]:
         return []
 
     def check_integrity(self) -> None:

@@ -56,18 +56,23 @@ class RadixCache:
 
     def prefix_len(self, tokens: list[int]) -> int:
         """Length of the longest cached page-aligned prefix, leaving the tree untouched."""
+        return len(self.prefix_pages(tokens)) * self.page_size
+
+    def prefix_pages(self, tokens: list[int]) -> list[int]:
+        """The pages of that prefix, leaving the tree untouched."""
         usable = len(tokens) // self.page_size * self.page_size
-        node, pos = self.root, 0
+        node, pos, pages = self.root, 0, []
         while pos < usable:
             child = node.children.get(self._child_key(tokens, pos))
             if child is None:
                 break
             n = self._common_pages(child.key, tokens, pos, usable)
+            pages.extend(child.pages[:n])
             pos += n * self.page_size
             if n * self.page_size < len(child.key):
                 break
             node = child
-        return pos
+        return pages
 
     def match_prefix(self, tokens: list[int]) -> PrefixMatch:
         """Longest cached page-aligned prefix of `tokens` (splits the last node at the match
@@ -209,6 +214,12 @@ class RadixCache:
 
     def all_pages(self) -> list[int]:
         return [p for n in self._nodes() for p in n.pages]
+
+    def pages_oldest_first(self) -> list[int]:
+        """Every cached page, least recently used node first, a node's pages in sequence
+        order (a match needs the pages just before its end: the earlier ones go first)."""
+        nodes = sorted(self._nodes(), key=lambda n: (n.last_access, n.seq))
+        return [p for n in nodes for p in n.pages]
 
     def check_integrity(self) -> None:
         evictable = protected = 0

@@ -29,6 +29,8 @@ from sluice.runtime.constants import (
     METRIC_RETRACTED_TOKENS_TOTAL,
     METRIC_RETRACTIONS_TOTAL,
     METRIC_RUNNING_REQUESTS,
+    METRIC_SWA_TOKEN_USAGE,
+    METRIC_SWA_TOTAL_TOKENS,
 )
 from sluice.runtime.ipc.messages import SchedulerStats
 
@@ -63,6 +65,12 @@ SCHEDULER_METRICS = (
                    "Tokens generated per second over the scheduler's sliding window."),
     MirroredMetric(METRIC_MAX_TOTAL_TOKENS, "gauge", "max_total_tokens",
                    "Size of the KV pool in tokens."),
+    MirroredMetric(METRIC_SWA_TOKEN_USAGE, "gauge", "swa_token_usage",
+                   "Share of the sliding-window layers' own KV pool in use, 0..1 (windows "
+                   "of running requests and of cached prefixes; 0 without that pool)."),
+    MirroredMetric(METRIC_SWA_TOTAL_TOKENS, "gauge", "swa_total_tokens",
+                   "Size of the sliding-window layers' own KV pool in tokens (0: none, "
+                   "they share the KV pool)."),
 )  # fmt: skip
 
 

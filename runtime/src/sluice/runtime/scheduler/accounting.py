@@ -138,6 +138,7 @@ def stats_of(
     chunked, `adapters` what `AdapterGate.stats` says of them."""
     total = cache.total_tokens
     used = total - cache.available_size
+    window = cache.window
     return SchedulerStats(
         queue_requests=waiting,
         running_requests=len(running),
@@ -149,6 +150,8 @@ def stats_of(
         max_total_tokens=total,
         free_tokens=cache.available_size,
         cached_tokens=cache.cached_size,
+        swa_total_tokens=window.allocator.size if window is not None else 0,
+        swa_token_usage=window.attached / window.allocator.num_pages if window is not None else 0.0,
         prefill_batches_total=c.prefill_batches,
         prefill_rows_total=c.prefill_rows,
         failed_batches_total=c.failed_batches,

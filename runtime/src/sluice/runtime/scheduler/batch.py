@@ -91,6 +91,7 @@ def forward_input(
                 logprob_start=logprob_start,
                 logprob_targets=targets,
                 lora=req.sampling.lora_id,
+                window_slots=cache.window_slots(req, slot_start, end),
             )
         )
         if sample:

@@ -23,6 +23,7 @@ from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.prefix_cache import NoPrefixCache, PrefixCache
 from sluice.runtime.memory.radix_cache import RadixCache
 from sluice.runtime.memory.request_slots import RequestSlots
+from sluice.runtime.memory.window_pages import WindowPages
 from sluice.runtime.scheduler.request import Req, cache_key
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ class KVHolding:
     `row` is its row of the request tables. `table_slots` and `table_tokens` say how far
     the device copies of that row (KV slots, token ids) have been written by launched
     forwards; they restart at 0 with every new row.
+
+    With a window pool: no query still to run reads a key before `window_start`, and the
+    window pages of its own pages before `window_released` have been given back.
     """
 
     row: int | None = None
@@ -51,6 +55,8 @@ class KVHolding:
     prefix_node: Any = None
     table_slots: int = 0
     table_tokens: int = 0
+    window_start: int = 0
+    window_released: int = 0
 
 
 _NOTHING = KVHolding()  # what a request holding nothing reads (never written)
@@ -61,14 +67,28 @@ class KVCacheManager:
     allocator: TokenToKVPoolAllocator
     rows: RequestSlots
     prefix: PrefixCache
+    # the sliding-window layers' pool, for a model with both kinds of layers (else None)
+    window: WindowPages | None = None
     held: dict[str, KVHolding] = field(default_factory=dict)  # by request id
 
     @classmethod
     def create(
-        cls, allocator: TokenToKVPoolAllocator, rows: RequestSlots, enable_radix: bool
+        cls,
+        allocator: TokenToKVPoolAllocator,
+        rows: RequestSlots,
+        enable_radix: bool,
+        window: WindowPages | None = None,
     ) -> KVCacheManager:
         kind = RadixCache if enable_radix else NoPrefixCache
-        return cls(allocator, rows, kind(allocator.page_size, allocator.free))
+        manager = cls(allocator, rows, NoPrefixCache(allocator.page_size, allocator.free), window)
+        manager.prefix = kind(allocator.page_size, manager._free)
+        return manager
+
+    def _free(self, pages: list[int]) -> None:
+        """Give full pages back, with their window pages."""
+        if self.window is not None:
+            self.window.detach(pages)
+        self.allocator.free(pages)
 
     @property
     def page_size(self) -> int:
@@ -134,21 +154,30 @@ class KVCacheManager:
 
     def peek(self, req: Req) -> int:
         """Cached prefix length of a request, changing nothing (for admission policies)."""
-        return self.prefix.prefix_len(self._matchable(req))
+        if self.window is None:
+            return self.prefix.prefix_len(self._matchable(req))
+        return self.window.usable_prefix(self.prefix.prefix_pages(self._matchable(req)))
 
     def match_prefix(self, req: Req) -> int:
-        """Point a request holding no KV at the longest cached prefix of its tokens (locked)."""
+        """Point a request holding no KV at the longest cached prefix of its tokens (locked);
+        with a window pool, only as far as the window before its end is still cached."""
         if self.holding(req).pages:
             return 0
         match = self.prefix.match_prefix(self._matchable(req))
-        if match.num_tokens:
+        usable = match.num_tokens
+        if self.window is not None:
+            usable = self.window.usable_prefix(match.pages)
+        if usable:
+            # the lock covers the whole match; the pages past `usable` stay the cache's
             self.prefix.inc_lock_ref(match.node)
             h = self._own(req)
-            h.pages = list(match.pages)
-            h.shared_pages = len(match.pages)
+            h.pages = match.pages[: usable // self.page_size]
+            h.shared_pages = len(h.pages)
             h.prefix_node = match.node
-            h.kv_len = match.num_tokens
-        return match.num_tokens
+            h.kv_len = usable
+            if self.window is not None:
+                h.window_start = self.window.first_visible(usable)
+        return usable
 
     def _unlock(self, h: KVHolding) -> None:
         if h.prefix_node is not None:
@@ -170,7 +199,54 @@ class KVCacheManager:
         short = n - self.allocator.num_free_pages
         if short > 0:
             self.prefix.evict(short * self.page_size)
-        return self.allocator.alloc_pages(n)
+        pages = self.allocator.alloc_pages(n)
+        if pages is None or self.window is None:
+            return pages
+        if n > self.window.num_free_pages:
+            self._evict_window_pages(n)
+        if not self.window.attach(pages):
+            self.allocator.free(pages)
+            return None
+        return pages
+
+    def _evict_window_pages(self, want_free: int) -> None:
+        """Until `want_free` window pages are free: detach them from cached pages that no
+        live request's window holds (least recently used first); failing that, evict cached
+        pages outright."""
+        window = self.window
+        assert window is not None
+        needed = {
+            page
+            for h in self.held.values()
+            for page in h.pages[h.window_start // self.page_size :]
+        }
+        for page in self.prefix.pages_oldest_first():
+            if window.num_free_pages >= want_free:
+                return
+            if page not in needed:
+                window.detach([page])
+        while window.num_free_pages < want_free and self.prefix.evict(self.page_size):
+            pass
+
+    def slide_windows(self) -> None:
+        """At the start of a tick, before anything is scheduled: every request's next query
+        is at its `kv_len` (launched forwards run before the next one, so the window pages
+        they read are only overwritten after them)."""
+        if self.window is not None:
+            for h in self.held.values():
+                self._slide_window(h, h.kv_len)
+
+    def _slide_window(self, h: KVHolding, query_pos: int) -> None:
+        """The next forward's first query is at `query_pos`: nothing still to run reads a key
+        before its window, so the request's own pages wholly before it give their window
+        pages back (cached pages keep theirs until the window pool is short)."""
+        assert self.window is not None
+        h.window_start = max(h.window_start, self.window.first_visible(query_pos))
+        end = h.window_start // self.page_size
+        first = max(h.window_released, h.shared_pages)
+        if end > first:
+            self.window.detach(h.pages[first:end])
+        h.window_released = max(h.window_released, end)
 
     def extend(self, req: Req, new_kv_len: int) -> bool:
         """Give `req` KV slots for positions [kv_len, new_kv_len); False if the pool is short.
@@ -181,6 +257,8 @@ class KVCacheManager:
         assert h.row is not None, "extend() before acquire_row()"
         if new_kv_len > self.rows.max_context_len:
             raise ValueError(f"request {req.rid} exceeds the context length")
+        if self.window is not None:
+            self._slide_window(h, h.kv_len)
         need = self.pages_needed(req, new_kv_len)
         if need:
             pages = self._alloc_pages(need)
@@ -198,6 +276,12 @@ class KVCacheManager:
 
     def slots(self, req: Req, start: int, end: int) -> list[int]:
         return self.allocator.slots(self.holding(req).pages, start, end)
+
+    def window_slots(self, req: Req, start: int, end: int) -> list[int]:
+        """The sliding layers' slots of positions [start, end) (none without a window pool)."""
+        if self.window is None:
+            return []
+        return self.window.slots(self.holding(req).pages, start, end)
 
     def table_write(self, req: Req, end: int, sample: bool) -> tuple[int, int, int]:
         """A launched forward writes `req`'s device table row up to position `end` (and its
@@ -244,9 +328,9 @@ class KVCacheManager:
             dup_end = max(h.shared_pages, cached.num_tokens // self.page_size)
             # pages the cache already had a copy of, and the partly filled last page; pages
             # [dup_end, full) now belong to the cache
-            self.allocator.free(h.pages[h.shared_pages : dup_end] + h.pages[full:])
+            self._free(h.pages[h.shared_pages : dup_end] + h.pages[full:])
         else:
-            self.allocator.free(h.pages[h.shared_pages :])
+            self._free(h.pages[h.shared_pages :])
         self._unlock(h)
         if h.row is not None:
             self.rows.free(h.row)
@@ -268,6 +352,11 @@ class KVCacheManager:
                 f"!= total {self.allocator.num_pages}"
             )
         self.prefix.check_integrity()
+        if self.window is not None:
+            self.window.check_integrity(
+                [p for h in self.held.values() for p in h.pages[h.shared_pages :]]
+                + self.prefix.all_pages()
+            )
         rows = [h.row for h in self.held.values() if h.row is not None]
         if len(rows) != len(set(rows)) or self.rows.available_size + len(rows) != self.rows.size:
             raise AssertionError("request rows leak or are shared")

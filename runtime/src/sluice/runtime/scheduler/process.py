@@ -30,6 +30,7 @@ from sluice.runtime.ipc.sockets import (
 )
 from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 from sluice.runtime.memory.request_slots import RequestSlots
+from sluice.runtime.memory.window_pages import WindowPages
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.faults import answer_everyone
 from sluice.runtime.scheduler.loop import OPEN, serve_forever
@@ -73,10 +74,15 @@ def build_scheduler(
 
 def kv_cache(args: ServerArgs, pool: PoolLayout) -> KVCacheManager:
     """The host bookkeeping of a worker's pool: pages, request rows, the prefix cache."""
+    window = None
+    if pool.window_tokens:
+        full_pages = pool.total_tokens // pool.page_size
+        window = WindowPages(full_pages, pool.window_tokens, pool.page_size, pool.window)
     return KVCacheManager.create(
         TokenToKVPoolAllocator(pool.total_tokens, pool.page_size),
         RequestSlots(pool.rows, pool.context_len + pool.page_size),
         enable_radix=not args.disable_radix_cache,
+        window=window,
     )
 
 

@@ -202,6 +202,7 @@ class Scheduler:
     # ---- choosing a batch ---------------------------------------------------------------
     def _schedule(self, allow_retract: bool) -> ScheduledBatch | NeedSync | None:
         self._retracted = []
+        self.cache.slide_windows()
         if self.grammars:
             compiled, failed = self.grammars.ready()
             for req in compiled:
