@@ -12,7 +12,7 @@ from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.memory.kv_buffers import bytes_per_token
 from sluice.runtime.scheduler.scheduler import Scheduler
 from sluice.runtime.server_args import ServerArgs
-from sluice.runtime.sim.calibration import Calibration, ModelFacts, Startup
+from sluice.runtime.sim.calibration import Calibration, ModelFacts, Startup, window_facts
 from sluice.runtime.sim.cost_model import LinearCost, LoopCost, StepCostModel
 from sluice.runtime.sim.server_flags import cost_flag_values
 
@@ -48,9 +48,11 @@ def synthetic_calibration(
         dtype="float32",
         attention_backend=worker.attention_backend_name,
         torch_threads=1,
+        **window_facts(worker),
     )
     return Calibration(facts, cost_flag_values(worker.args), worker.pool.total_tokens,
-                       StepCostModel({"normal": loop, "overlap": loop}), Startup(1.0, 2.0, 0.5))  # fmt: skip
+                       StepCostModel({"normal": loop, "overlap": loop}), Startup(1.0, 2.0, 0.5),
+                       kv_window_tokens=worker.pool.window_tokens)  # fmt: skip
 
 
 Launch = tuple[tuple[int, int, int, bool], ...]  # (row, start, length, sample) per row

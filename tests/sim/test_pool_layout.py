@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from sim_testkit import server_args, synthetic_calibration
+from tiny_windowed import make_tiny_windowed
 
 from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.sim.replica import pool_layout
@@ -25,3 +26,31 @@ def test_pool_layout_is_the_workers(tiny_llama_path, flags):
     worker = ModelWorker(args, tiny_llama_path)
     calibration = synthetic_calibration(ModelWorker(server_args(tiny_llama_path), tiny_llama_path))
     assert pool_layout(args, calibration) == worker.pool
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"max_total_tokens": 0, "cpu_kv_cache_gib": 0.01, "max_running_requests": 4,
+         "max_prefill_tokens": 64},
+        {"max_total_tokens": 2048, "swa_full_tokens_ratio": 0.5, "page_size": 4,
+         "max_running_requests": 4, "max_prefill_tokens": 64},
+        {"max_total_tokens": 0, "cpu_kv_cache_gib": 0.01, "disable_hybrid_swa_memory": True},
+    ],
+)  # fmt: skip
+def test_a_windowed_models_two_pools_are_the_workers(tmp_path_factory, flags):
+    folder = make_tiny_windowed(tmp_path_factory.mktemp("gemma3"), "gemma3")
+    args = server_args(folder, **flags)
+    worker = ModelWorker(args, folder)
+    calibration = synthetic_calibration(ModelWorker(server_args(folder), folder))
+    assert pool_layout(args, calibration) == worker.pool
+    assert (worker.pool.window_tokens > 0) != bool(flags.get("disable_hybrid_swa_memory"))
+
+
+def test_a_window_pool_below_what_running_windows_need_is_refused(tmp_path):
+    folder = make_tiny_windowed(tmp_path / "gemma3", "gemma3")
+    args = server_args(folder, max_total_tokens=2048, swa_full_tokens_ratio=0.05,
+                       max_running_requests=8, max_prefill_tokens=64)  # fmt: skip
+    with pytest.raises(ValueError, match=r"gives the sliding-window layers 102 KV tokens; 8 "
+                       r"running requests' windows of 12 and one prefill batch need 168"):  # fmt: skip
+        ModelWorker(args, folder)

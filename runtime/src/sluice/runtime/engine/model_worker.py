@@ -130,7 +130,8 @@ class ModelWorker:
 
         kv_heads = self.model.local_config.num_key_value_heads  # this rank's share
         per_token = bytes_per_token(cfg.num_hidden_layers, kv_heads, cfg.head_dim, self.kv_dtype)
-        sliding = None if args.disable_hybrid_swa_memory else self._sliding_layers(kv_heads)
+        self.sliding = self._sliding_layers(kv_heads)  # the model's, whatever the flags say
+        sliding = None if args.disable_hybrid_swa_memory else self.sliding
         self.pool = pool_layout(args, cfg.context_length, per_token, self.device, tp, sliding)
         total, page, context = self.pool.total_tokens, self.pool.page_size, self.pool.context_len
         full_layers = None if sliding is None else set(range(cfg.num_hidden_layers)) - set(sliding.layers)

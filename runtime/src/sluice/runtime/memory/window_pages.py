@@ -70,6 +70,17 @@ class WindowPages:
         self.attached -= len(freed)
         return len(freed)
 
+    def detach_first(self, candidates: Iterable[int], count: int, keep: set[int]) -> int:
+        """Detach the window pages of the first `count` of `candidates` that have one and
+        are not in `keep`; returns how many."""
+        window_of, chosen = self.window_of, []
+        for page in candidates:
+            if window_of[page] and page not in keep:
+                chosen.append(page)
+                if len(chosen) >= count:
+                    break
+        return self.detach(chosen)
+
     def has(self, page: int) -> bool:
         return self.window_of[page] != 0
 

@@ -210,8 +210,9 @@ class KVCacheManager:
         return pages
 
     def _evict_window_pages(self, want_free: int) -> None:
-        """Until `want_free` window pages are free: detach them from cached pages that no
-        live request's window holds (least recently used first); failing that, evict cached
+        """Until `want_free` window pages are free (and a sixteenth of the pool more, so
+        that the next allocations need not come back): detach them from cached pages no
+        live request's window holds, least recently used first; failing that, evict cached
         pages outright."""
         window = self.window
         assert window is not None
@@ -220,11 +221,9 @@ class KVCacheManager:
             for h in self.held.values()
             for page in h.pages[h.window_start // self.page_size :]
         }
-        for page in self.prefix.pages_oldest_first():
-            if window.num_free_pages >= want_free:
-                return
-            if page not in needed:
-                window.detach([page])
+        slack = window.allocator.num_pages // 16
+        short = want_free + slack - window.num_free_pages
+        window.detach_first(self.prefix.pages_oldest_first(), short, needed)
         while window.num_free_pages < want_free and self.prefix.evict(self.page_size):
             pass
 

@@ -28,7 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from sluice.runtime.dataclass_cli import add_flags, option
-from sluice.runtime.sim.calibration import COST_FLAGS, Calibration, ModelFacts, Startup
+from sluice.runtime.sim.calibration import (
+    COST_FLAGS,
+    Calibration,
+    ModelFacts,
+    Startup,
+    window_facts,
+)
 from sluice.runtime.sim.cost_model import (
     HOST_PROCESS_TERMS,
     HOST_SCHEDULE_TERMS,
@@ -246,6 +252,7 @@ def run_calibration(
         dtype=str(worker.dtype).removeprefix("torch."),
         attention_backend=worker.attention_backend_name,
         torch_threads=torch.get_num_threads(),
+        **window_facts(worker),
     )
     machine["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     machine["clock"] = cal_args.clock
@@ -258,6 +265,7 @@ def run_calibration(
         fit_errors=errors,
         machine=machine,
         calibration_seconds=time.perf_counter() - began,
+        kv_window_tokens=worker.pool.window_tokens,
     )
 
 

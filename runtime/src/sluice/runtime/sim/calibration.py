@@ -32,6 +32,18 @@ class ModelFacts:
     dtype: str
     attention_backend: str
     torch_threads: int
+    # a model with full and sliding-window layers: the window and the sliding layers'
+    # share of `bytes_per_token` (0: no window pool)
+    window: int = 0
+    window_bytes_per_token: int = 0
+
+
+def window_facts(worker: Any) -> dict[str, int]:
+    """`ModelFacts`' window fields of a `ModelWorker`'s model."""
+    sliding = worker.sliding
+    if sliding is None:
+        return {}
+    return {"window": sliding.window, "window_bytes_per_token": sliding.window_bytes}
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class Calibration:
     fit_errors: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     calibration_seconds: float = 0.0
+    kv_window_tokens: int = 0  # its sliding layers' own pool (0: none)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +78,7 @@ class Calibration:
             "model": asdict(self.model),
             "cost_flags": self.cost_flags,
             "kv_pool_tokens": self.kv_pool_tokens,
+            "kv_window_tokens": self.kv_window_tokens,
             "costs": self.costs.to_dict(),
             "startup": {**asdict(self.startup), "total_s": self.startup.total_s},
             "fit_errors": self.fit_errors,
@@ -89,6 +103,7 @@ class Calibration:
             fit_errors=d.get("fit_errors", {}),
             machine=d.get("machine", {}),
             calibration_seconds=float(d.get("calibration_seconds", 0.0)),
+            kv_window_tokens=int(d.get("kv_window_tokens", 0)),
         )
 
     def save(self, path: Path) -> None:

@@ -16,7 +16,12 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from sluice.runtime.engine.worker_setup import PoolLayout, size_kv_pool
+from sluice.runtime.engine.worker_setup import (
+    PoolLayout,
+    SlidingLayers,
+    size_kv_pool,
+    split_window_pool,
+)
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerStats, TokenizedGenerateReq
 from sluice.runtime.scheduler.process import kv_cache, scheduler_config
 from sluice.runtime.scheduler.scheduler import Scheduler
@@ -30,20 +35,30 @@ MAX_IDLE_STEPS = 1000
 
 def pool_layout(args: ServerArgs, calibration: Calibration) -> PoolLayout:
     """The pool `ModelWorker` would size for `args` on the calibrated model (the same rule:
-    the flag, else the CPU budget; on a GPU the calibration's measured pool)."""
+    the flag, else the CPU budget; on a GPU the calibration's measured pool), split as it
+    splits it when the model has sliding-window layers."""
     facts = calibration.model
     per_token = facts.bytes_per_token
+    sliding = None
+    if facts.window and not args.disable_hybrid_swa_memory:
+        full_bytes = per_token - facts.window_bytes_per_token
+        sliding = SlidingLayers(facts.window, (), full_bytes, facts.window_bytes_per_token)
+    window_tokens = 0
     if args.max_total_tokens > 0 or facts.device == "cpu":
         total = size_kv_pool(args, "cpu", per_token)
+        if sliding is not None:
+            total, window_tokens = split_window_pool(args, total, sliding)
     else:
         total = calibration.kv_pool_tokens
+        window_tokens = calibration.kv_window_tokens if sliding is not None else 0
     page = args.page_size
     total = total // page * page
     model_context = args.max_context_len or facts.model_context_len
     context = min(model_context, total - page)
     if context < 2:
         raise ValueError(f"KV pool of {total} tokens is too small (page size {page})")
-    return PoolLayout(total, page, args.max_running_requests, context, model_context)
+    return PoolLayout(total, page, args.max_running_requests, context, model_context,
+                      window_tokens, facts.window if window_tokens else 0)  # fmt: skip
 
 
 @dataclass(frozen=True)
