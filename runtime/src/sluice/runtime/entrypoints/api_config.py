@@ -33,6 +33,11 @@ class ApiConfig:
     schedule_policy: str
     scheduler_heartbeat_timeout: float
 
+    @property
+    def harmony(self) -> bool:
+        """gpt-oss's Harmony format: reasoning and tool calls read from the token ids."""
+        return "gpt-oss" in (self.reasoning_parser, self.tool_call_parser)
+
     @classmethod
     def of(cls, flags: Any) -> ApiConfig:
         """The fields of `flags` (the server's parsed flags, or an ApiConfig) by name."""

@@ -6,6 +6,7 @@ streamed and a whole answer split the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from sluice.runtime.entrypoints.reasoning import ReasoningSplitter
 from sluice.runtime.entrypoints.tool_parsers import StreamingToolParser, ToolCallDelta
@@ -18,17 +19,27 @@ class OutputPieces:
     tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
+class TokenOutput(Protocol):
+    """A reply read from its token ids rather than its text (`harmony.HarmonyOutput`)."""
+
+    def feed(self, token_ids: list[int], last: bool) -> OutputPieces: ...
+
+
 @dataclass
 class ChoiceOutput:
     """`splitter`: None without --reasoning-parser; `parser`: None when the request's
-    output is not read for tool calls."""
+    output is not read for tool calls; `tokens`: the reply is read from its token ids
+    (gpt-oss's Harmony), and then the other two are None."""
 
     splitter: ReasoningSplitter | None = None
     parser: StreamingToolParser | None = None
+    tokens: TokenOutput | None = None
 
-    def feed(self, text: str, last: bool) -> OutputPieces:
-        """The pieces of one text delta; `last`: the choice ends with it (whatever the
-        splitter and the parser held back comes out)."""
+    def feed(self, text: str, last: bool, token_ids: list[int] | None = None) -> OutputPieces:
+        """The pieces of one delta (its text, and its token ids); `last`: the choice ends
+        with it (whatever the splitter and the parser held back comes out)."""
+        if self.tokens is not None:
+            return self.tokens.feed(list(token_ids or []), last)
         thought = ""
         if self.splitter is not None:
             split = self.splitter.feed(text)

@@ -148,7 +148,7 @@ class ResponseAssembler:
     def on_chunk(self, chunk: Chunk) -> list[str]:
         self.last = chunk
         last = chunk.finished is not None
-        pieces: OutputPieces = self.output.feed(chunk.text, last)
+        pieces: OutputPieces = self.output.feed(chunk.text, last, chunk.token_ids)
         if pieces.reasoning and not pieces.content and not pieces.tool_calls:
             self.reasoning_tokens += len(chunk.token_ids)
         calls = [c for c in pieces.tool_calls if self.parallel or c.index == 0]

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from sluice.runtime.disconnect import unless_disconnected
 from sluice.runtime.entrypoints.api_config import ApiConfig
+from sluice.runtime.entrypoints.choice_output import ChoiceOutput
 from sluice.runtime.entrypoints.constraints import ConstraintError, request_constraint
 from sluice.runtime.entrypoints.errors import (
     ProtocolError,
@@ -35,6 +36,7 @@ from sluice.runtime.entrypoints.errors import (
     model_not_found,
     not_supported_yet,
 )
+from sluice.runtime.entrypoints.harmony import HarmonyOutput
 from sluice.runtime.entrypoints.json_body import load_json_body
 from sluice.runtime.entrypoints.logprobs import TokenBytes
 from sluice.runtime.entrypoints.lora_api import LoraAdapters
@@ -156,10 +158,15 @@ class PreparedChat:
     params: SamplingParams
     parser: ToolParser | None
     thinking_opened: bool = False  # the prompt ends inside <think> (with --reasoning-parser)
+    harmony: bool = False  # gpt-oss: the reply is read as Harmony, from its token ids
+    harmony_tools: bool = False  # ... and its messages to functions.* are tool calls
 
-    def splitter(self, reasoning: bool) -> ReasoningSplitter | None:
-        """A reasoning splitter for one choice (None when reasoning is not split)."""
-        return ReasoningSplitter.starting(self.thinking_opened) if reasoning else None
+    def output(self, reasoning: bool) -> ChoiceOutput:
+        """How one choice's output is read; `reasoning`: its reasoning is split apart."""
+        if self.harmony:
+            return ChoiceOutput(tokens=HarmonyOutput(reasoning, self.harmony_tools))
+        splitter = ReasoningSplitter.starting(self.thinking_opened) if reasoning else None
+        return ChoiceOutput(splitter, self.parser.streaming() if self.parser else None)
 
 
 @dataclasses.dataclass
@@ -291,6 +298,8 @@ class ServingBase:
         chat template on the tokenizer thread, and the sampling params. `format_param`: the
         field the route calls its output format (the Responses API's `text.format`)."""
         choice = req.effective_tool_choice
+        if self.args.harmony:
+            return await self._prepare_harmony(req, format_param)
         try:
             forced = tool_constraint(req.tools, choice, req.parallel_tool_calls)
             parser = output_parser(req.tools, choice, self.args.tool_call_parser)
@@ -319,6 +328,28 @@ class ServingBase:
             lambda: prompt_opens_thinking(self.tm.tokenizer.decode(ids[-8:]))
         )
         return PreparedChat(ids, params, parser, opened)
+
+    async def _prepare_harmony(self, req: ChatCompletionRequest, format_param: str) -> PreparedChat:
+        """gpt-oss: the reply is Harmony messages, so nothing may force its text (a grammar
+        would keep the model from writing the channels); tool_choice auto and none only."""
+        choice = req.effective_tool_choice
+        if choice not in ("auto", "none"):
+            raise ProtocolError(
+                "gpt-oss's Harmony replies (--reasoning-parser gpt-oss) cannot be forced to a "
+                'tool call: send tool_choice "auto" or "none"', param="tool_choice",
+            )  # fmt: skip
+        if (constraint := self.constraint(req)) is not None:
+            param = format_param if constraint[0] == "response_format" else constraint[0]
+            raise ProtocolError(
+                "gpt-oss's Harmony replies (--reasoning-parser gpt-oss) cannot be constrained "
+                "to a format: the grammar would keep the model from writing its channels",
+                param=param,
+            )
+        self.check_sampling(req, None, top_param="top_logprobs")
+        encoded = await self.off_loop(self.chat_prompt, req)
+        [ids], [params] = self.sampling_params(req, [encoded], None)
+        tools = bool(req.tools) and choice == "auto"
+        return PreparedChat(ids, params, None, harmony=True, harmony_tools=tools)
 
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         """The prompt's ids (on the tokenizer thread): the chat template applied to the

@@ -30,11 +30,11 @@ from sluice.runtime.entrypoints.openai_responses import (
     Usage,
     usage_of,
 )
-from sluice.runtime.entrypoints.reasoning import split_reasoning
 from sluice.runtime.entrypoints.request_params import finish_reason, kept_stop_text, stop_reason
 from sluice.runtime.entrypoints.serving_base import ServingBase, fan_out
 from sluice.runtime.entrypoints.streaming import Chunk, SSEResponse, positions_of, sse_event
-from sluice.runtime.entrypoints.tool_parsers import ToolCallDelta
+from sluice.runtime.entrypoints.tool_parsers import StreamDelta, ToolCallDelta
+from sluice.runtime.entrypoints.tool_parsers.base import assemble
 
 
 class ServingChat(ServingBase):
@@ -52,10 +52,7 @@ class ServingChat(ServingBase):
         tb = functools.partial(self.token_bytes, req.return_tokens_as_token_ids)
         reasoning = bool(self.args.reasoning_parser) and req.separate_reasoning
         if req.stream:
-            outputs = [
-                ChoiceOutput(prepared.splitter(reasoning), parser.streaming() if parser else None)
-                for _ in jobs
-            ]  # fmt: skip
+            outputs = [prepared.output(reasoning) for _ in jobs]
             fmt = ChatEvents(rid, model, req.n, top, tb, outputs, echo, req.keep_stop_string,
                              req.continuous_usage, req.parallel_tool_calls)  # fmt: skip
             return SSEResponse(self.events(streams, fmt, req.n, req.include_usage, True, req.n))
@@ -63,13 +60,12 @@ class ServingChat(ServingBase):
         choices = []
         for i, c in enumerate(collected):
             text = c.text + kept_stop_text(c.last.finished, req.keep_stop_string)
-            thought = None
-            if reasoning:
-                split = split_reasoning(text, prepared.thinking_opened)
-                thought, text = split.reasoning, split.content
-            content, calls = text, []
-            if parser is not None:
-                parsed = parser.parse(text)
+            # the whole reply read as one streamed delta: the same split as a stream's
+            pieces = prepared.output(reasoning).feed(text, True, c.token_ids)
+            thought = pieces.reasoning if reasoning else None
+            content, calls = pieces.content, []
+            if parser is not None or pieces.tool_calls:
+                parsed = assemble([StreamDelta(pieces.content, pieces.tool_calls)])
                 content, calls = parsed.content, parsed.tool_calls
                 if not req.parallel_tool_calls:
                     calls = calls[:1]
@@ -146,7 +142,7 @@ class ChatEvents:
         lp = None
         if self.logprobs is not None:
             lp = chat_logprobs(self.token_bytes(), positions_of(chunk), self.logprobs)
-        pieces = self.outputs[index].feed(text, chunk.finished is not None)
+        pieces = self.outputs[index].feed(text, chunk.finished is not None, chunk.token_ids)
         thought, content = pieces.reasoning, pieces.content
         calls = delta_tool_calls(pieces.tool_calls, self.parallel_tool_calls)
         if calls:

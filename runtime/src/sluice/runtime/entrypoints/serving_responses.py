@@ -23,7 +23,6 @@ from fastapi.responses import JSONResponse
 
 from sluice.runtime.constants import RESPONSE_ID_HEADER
 from sluice.runtime.disconnect import unless_disconnected
-from sluice.runtime.entrypoints.choice_output import ChoiceOutput
 from sluice.runtime.entrypoints.errors import ProtocolError, as_protocol_error
 from sluice.runtime.entrypoints.responses_output import ResponseAssembler, new_id
 from sluice.runtime.entrypoints.responses_protocol import (
@@ -78,8 +77,7 @@ class ServingResponses(ServingBase):
             raise ProtocolError(f"request_id {rid!r} names a stored response already",
                                 param="request_id")  # fmt: skip
         stored = req.store and self.store.enabled
-        splitter = prepared.splitter(bool(self.args.reasoning_parser))
-        output = ChoiceOutput(splitter, prepared.parser.streaming() if prepared.parser else None)
+        output = prepared.output(bool(self.args.reasoning_parser))
         assembler = ResponseAssembler(
             self._echo(req, rid, model, stored), output, req.parallel_tool_calls
         )
