@@ -104,6 +104,7 @@ SERVED = {
     "fp32": "--dtype float32",
     "bf16": "--dtype bfloat16",
     "w8a8": "--dtype bfloat16 --quantization w8a8",
+    "w8a16": "--dtype bfloat16 --quantization w8a16",
 }
 
 
@@ -148,7 +149,7 @@ def served_report(tokenizer, prompts: list[list[int]], new_tokens: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-path", default="")
-    parser.add_argument("--configs", default="fp32-cpu,bf16-cpu,w8a8-cpu")
+    parser.add_argument("--configs", default="fp32-cpu,bf16-cpu,w8a8-cpu,w8a16-cpu")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--served", action="store_true",
                         help="through real servers with the radix cache on, each prompt twice")

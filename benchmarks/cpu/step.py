@@ -27,7 +27,8 @@ from sluice.runtime.model import cpu_fused_ops
 from sluice.runtime.model.loader import default_cache_dir, load_model, resolve_model_path
 from sluice.runtime.model.quantization import quantize_model
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "w8a8": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "w8a8": torch.bfloat16,
+          "w8a16": torch.bfloat16}
 
 
 @dataclass
@@ -81,8 +82,8 @@ def load(config: str, model_path: Path):
     """`<dtype>-<backend>[-fused]`: `-fused` turns on the compiled RMSNorm/RoPE/SiLU ops."""
     dtype_name, backend, *extra = config.split("-")
     model, _ = load_model(model_path, "cpu", DTYPES[dtype_name], backend)
-    if dtype_name == "w8a8":
-        quantize_model(model, "w8a8")
+    if dtype_name in ("w8a8", "w8a16"):
+        quantize_model(model, dtype_name)
     if "fused" in extra and (reason := cpu_fused_ops.enable(model)) is not None:
         raise SystemExit(f"fused ops unavailable: {reason}")
     return model, DTYPES[dtype_name]

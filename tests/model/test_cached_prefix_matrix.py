@@ -1,5 +1,6 @@
 """The configurations users run, against transformers in the same dtype: every attention
-backend on this machine x fp32 / bf16 / w8a8 x how much of the prompt is cached x page size.
+backend on this machine x fp32 / bf16 / w8a8 / w8a16 x how much of the prompt is cached x
+page size.
 
 Each case runs the model the way the scheduler and the model worker do: a backend built by
 `create_model_backend` (the decode/extend split of mixed batches), the forward mode the
@@ -19,6 +20,9 @@ Oracle: transformers' fp32 forward; tolerances per dtype and per position (`Orac
   scale) fails, and a bf16 path with twice transformers' error fails too.
 - w8a8: the same with transformers under torchao's `Int8DynamicActivationInt8WeightConfig`
   on the decoder linears (the scheme `W8A8Linear` implements).
+- w8a16: the same with transformers in bf16 under torchao's `Int8WeightOnlyConfig` (int8
+  weights per channel, bf16 activations: the scheme `W8A16Linear` implements); on CPUs with
+  AMX only (its kernel's path).
 Top-1 must agree with fp32 wherever fp32's margin between its top token and ours exceeds
 twice the bound (two tokens each off by the bound). The `torch` backend is a second
 reference: every other backend's logits are within twice the bound of its logits.
@@ -47,7 +51,7 @@ from sluice.runtime.forward import ForwardMode
 from sluice.runtime.kernels import cpu_extension
 from sluice.runtime.model import cpu_fused_ops
 from sluice.runtime.model.loader import load_model
-from sluice.runtime.model.quantization import quantize_model, torchao_available
+from sluice.runtime.model.quantization import quantize_model, torchao_available, w8a16_problem
 
 SEQUENCE_PROMPT = 40  # the longest prompt; shorter ones are its first tokens
 DECODE_STEPS = 3
@@ -67,7 +71,7 @@ def _backends() -> list[str]:
 
 
 BACKENDS = _backends()
-DTYPES = ["float32", "bfloat16", "w8a8"]
+DTYPES = ["float32", "bfloat16", "w8a8", "w8a16"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ def _oracle_for(folder: Path) -> Oracle:
         references = {"bfloat16": hf16(ids).logits[0].float()}
         if torchao_available():
             references["w8a8"] = _torchao_w8a8(folder)(ids).logits[0].float()
+            references["w8a16"] = _torchao_w8a16(folder)(ids).logits[0].float()
     bound = {"float32": torch.full((len(sequence),), 1e-4)}
     for name, logits in references.items():  # the dtype's own error, position by position
         bound[name] = OWN_ERROR_FACTOR * (logits - exact).abs().max(dim=-1).values
@@ -138,6 +143,15 @@ def _torchao_w8a8(folder: Path) -> torch.nn.Module:
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     quantize_(model.model.layers, Int8DynamicActivationInt8WeightConfig())  # lm_head stays fp32
+    return model
+
+
+def _torchao_w8a16(folder: Path) -> torch.nn.Module:
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    quantize_(model.model.layers, Int8WeightOnlyConfig())  # lm_head stays bf16
     return model
 
 
@@ -158,10 +172,10 @@ def _backend(name: str, page_size: int) -> AttentionBackend:
 
 @functools.cache  # a model holds no state between forwards: one per configuration
 def _model(folder: Path, backend: str, dtype: str, page_size: int) -> torch.nn.Module:
-    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    torch_dtype = torch.bfloat16 if dtype in ("bfloat16", "w8a16") else torch.float32
     model, _ = load_model(folder, "cpu", torch_dtype, attention_backend=_backend(backend, page_size))
-    if dtype == "w8a8":
-        quantize_model(model, "w8a8")
+    if dtype in ("w8a8", "w8a16"):
+        quantize_model(model, dtype)
     cpu_fused_ops.enable(model)  # what the model worker does on the CPU (a no-op without kernels)
     return model
 
@@ -174,7 +188,7 @@ def _torch_reference(folder: Path, dtype: str, page_size: int, scenario: str,
 
 
 def _kv_dtype(dtype: str) -> torch.dtype:
-    return torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    return torch.bfloat16 if dtype in ("bfloat16", "w8a16") else torch.float32
 
 
 def run_scenario(model: torch.nn.Module, kv_dtype: torch.dtype, page_size: int,
@@ -229,8 +243,10 @@ def _cases() -> list[tuple[str, str, str, int]]:
 @pytest.mark.parametrize(("backend", "dtype", "scenario", "page_size"), _cases())
 def test_logits_match_transformers(oracle: Oracle, backend: str, dtype: str, scenario: str,
                                    page_size: int) -> None:  # fmt: skip
-    if dtype == "w8a8" and "w8a8" not in oracle.bound:
+    if dtype in ("w8a8", "w8a16") and dtype not in oracle.bound:
         pytest.skip("torchao not installed")
+    if dtype == "w8a16" and (problem := w8a16_problem(torch.bfloat16)) is not None:
+        pytest.skip(problem)
     ours = run_scenario(_model(oracle.folder, backend, dtype, page_size), _kv_dtype(dtype),
                         page_size, SCENARIOS[scenario], oracle.sequence)  # fmt: skip
     reference = None

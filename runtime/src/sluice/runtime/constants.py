@@ -67,7 +67,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flashinfer")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float32")
-QUANTIZATIONS = ("none", "w8a8")
+QUANTIZATIONS = ("none", "w8a8", "w8a16")
 
 # --- metrics (an interface: the HPA, the alerts and the dashboard use these names) -------
 METRIC_PREFIX = "sluice_"

@@ -62,7 +62,9 @@ class ServerArgs:
     )
     quantization: str = option(
         "none", "w8a8: int8 weights per channel and dynamic int8 activations per token "
-        "(torchao's scheme, torch's int8 GEMM; CPU only). lm_head stays unquantized.",
+        "(torchao's scheme, torch's int8 GEMM; CPU only); w8a16: int8 weights per channel, "
+        "bf16 activations (the AMX linear widens the weights as it packs them; CPUs with "
+        "AMX-BF16, --dtype bfloat16). lm_head stays unquantized.",
         QUANTIZATIONS,
     )
     page_size: int = option(1, "Tokens per KV cache page.")
@@ -334,8 +336,8 @@ class ServerArgs:
             problems.append("--responses-store-size must be >= 0 (0: store none)")
         if self.responses_store_ttl <= 0:
             problems.append("--responses-store-ttl must be > 0")
-        if self.quantization == "w8a8" and self.device == "cuda":
-            problems.append("--quantization w8a8 is implemented for the CPU only")
+        if self.quantization in ("w8a8", "w8a16") and self.device == "cuda":
+            problems.append(f"--quantization {self.quantization} is implemented for the CPU only")
         if self.quantization != "none" and self.enable_deterministic_inference:
             problems.append("--quantization cannot be combined with --enable-deterministic-inference")
         problems += self._lora_problems()

@@ -135,6 +135,56 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   return out;
 }
 
+// W8A16: y = x bf16(W8 * scale)^T (+ b), x bf16, W8 int8 [N][K] with one fp32 scale per
+// output row and group of 32 along K ([N][K / 32]); the amx path only (each weight widened to
+// bf16 as it is read), in either order by the row count as `linear`, so a row's result
+// depends on that row alone here too, and equals `linear` on the widened bf16 weights
+at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                     const c10::optional<at::Tensor>& bias, at::ScalarType out_dtype,
+                     int64_t order) {
+  TORCH_CHECK(path_available(kAmx), "int8 weights need the amx path (a CPU with AMX-BF16)");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
+              "x must be [rows, K] and weight [N, K]");
+  TORCH_CHECK(x.size(1) % 32 == 0, "the amx path needs K in multiples of 32");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kChar &&
+                  scale.scalar_type() == at::kFloat && scale.dim() == 2 &&
+                  scale.size(0) == weight.size(0) && scale.size(1) * 32 == weight.size(1),
+              "x bfloat16, weight int8 [N, K], scale float32 [N, K / 32] (one per group of 32)");
+  TORCH_CHECK(out_dtype == at::kBFloat16 || out_dtype == at::kFloat,
+              "the output dtype must be bfloat16 or float32");
+  const at::Tensor xc = x.stride(1) == 1 ? x : x.contiguous();
+  const at::Tensor wc = weight.contiguous();
+  const at::Tensor sc = scale.contiguous();
+  at::Tensor b32;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->numel() == weight.size(0), "bias must hold one value per output");
+    b32 = bias->to(at::kFloat).contiguous();
+  }
+  const int64_t M = xc.size(0), N = wc.size(0), K = xc.size(1);
+  at::Tensor out = at::empty({M, N}, x.options().dtype(out_dtype));
+  if (M == 0 || N == 0) return out;
+  Problem p;
+  p.x = reinterpret_cast<const uint16_t*>(xc.data_ptr<bf16>());
+  p.w = nullptr;
+  p.w8 = wc.data_ptr<int8_t>();
+  p.w8_scale = sc.data_ptr<float>();
+  p.bias = bias.has_value() ? b32.data_ptr<float>() : nullptr;
+  p.out = out.data_ptr();
+  p.out_fp32 = out_dtype == at::kFloat;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.x_stride = xc.stride(0);
+  p.w_stride = wc.stride(0);
+#ifdef SLUICE_LINEAR_AMX
+  if (order == 1 || (order < 0 && M <= kAmxWeightAsAMaxRows))
+    amx_weight_as_a(p);
+  else
+    amx_rows_as_a(p);
+#endif
+  return out;
+}
+
 // for tests: one of the amx path's two operand orders, whatever the row count (0: the rows
 // as A, 1: the weight as A), fp32 out
 at::Tensor linear_order(const at::Tensor& x, const at::Tensor& weight, int64_t path,
@@ -168,9 +218,11 @@ TORCH_LIBRARY_FRAGMENT(sluice_cpu, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, ScalarType out_dtype, int path=-1) -> Tensor");
   m.def("linear_paths() -> int[]", &linear_paths);
   m.def("linear_order(Tensor x, Tensor weight, int path, int order) -> Tensor");
+  m.def("linear_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias, ScalarType out_dtype, int order=-1) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(sluice_cpu, CPU, m) {
   m.impl("linear", &linear);
   m.impl("linear_order", &linear_order);
+  m.impl("linear_w8", &linear_w8);
 }

@@ -71,8 +71,10 @@ inline void store_c_rows(const Problem& p, const float* c, int64_t m0, int64_t r
     return;
   }
   const __m512 bias = p.bias != nullptr ? _mm512_loadu_ps(p.bias + n0) : _mm512_setzero_ps();
+  const __m512 scale = p.w_scale != nullptr ? _mm512_loadu_ps(p.w_scale + n0) : _mm512_setzero_ps();
   for (int64_t i = 0; i < rows; ++i) {
     __m512 v = _mm512_load_ps(c + 16 * i);
+    if (p.w_scale != nullptr) v = _mm512_mul_ps(v, scale);
     if (p.bias != nullptr) v = _mm512_add_ps(v, bias);
     if (p.out_fp32)
       _mm512_storeu_ps(static_cast<float*>(p.out) + (m0 + i) * p.N + n0, v);
@@ -134,19 +136,35 @@ void amx_weight_as_a(const Problem& p) {
                   std::max<int64_t>(0, std::min<int64_t>(16, p.M - 16 * g)), &xt[i * 256]);
     }
   });
-  const int64_t full = p.N / 32 * 32;  // the last N % 32 weight rows: a padded copy
+  // bf16 weights are read in place; the last N % 32 rows from a padded copy. int8 weights
+  // are widened to bf16 a panel at a time, into the thread's scratch (zero past N).
+  const bool int8 = p.w8 != nullptr;
+  const int64_t full = int8 ? 0 : p.N / 32 * 32;
   uint16_t* tail = scratch<uint16_t, 3>(32 * p.K);
-  std::memset(tail, 0, 2 * 32 * p.K);
-  for (int64_t n = full; n < p.N; ++n)
-    std::memcpy(&tail[(n - full) * p.K], p.w + n * p.w_stride, 2 * p.K);
+  if (!int8) {
+    std::memset(tail, 0, 2 * 32 * p.K);
+    for (int64_t n = full; n < p.N; ++n)
+      std::memcpy(&tail[(n - full) * p.K], p.w + n * p.w_stride, 2 * p.K);
+  }
   const int64_t panels = (p.N + 31) / 32;
   for_column_blocks(panels, [&](int64_t b, int64_t e) {
     configure_tiles();
     alignas(64) float c[4][256];
+    uint16_t* widened = int8 ? scratch<uint16_t, 4>(32 * p.K) : nullptr;
     for (int64_t panel = b; panel < e; ++panel) {
       const int64_t n0 = panel * 32;
-      const uint16_t* a = n0 < full ? p.w + n0 * p.w_stride : tail;
-      const int64_t a_stride = 2 * (n0 < full ? p.w_stride : p.K);
+      if (int8) {
+        for (int64_t r = 0; r < 32; ++r)
+          for (int64_t k = 0; k < p.K; k += 32) {
+            const __m512i v =
+                n0 + r < p.N
+                    ? int8_to_bf16(p.w8 + (n0 + r) * p.w_stride + k, p.w8_scale[(n0 + r) * kb + k / 32])
+                    : _mm512_setzero_si512();
+            _mm512_storeu_si512(widened + r * p.K + k, v);
+          }
+      }
+      const uint16_t* a = int8 ? widened : n0 < full ? p.w + n0 * p.w_stride : tail;
+      const int64_t a_stride = 2 * (!int8 && n0 < full ? p.w_stride : p.K);
       for (int64_t g = 0; g < groups; g += 2) {
         amx_tile_block(a, a_stride, &xt[g * kb * 256], &xt[(g + 1) * kb * 256], 256, kb, c);
         for (int t = 0; t < 4; ++t) {  // c[t]: weight rows n0 + 16 (t / 2), x rows 16 (g + t % 2)

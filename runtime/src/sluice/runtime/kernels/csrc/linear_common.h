@@ -40,6 +40,13 @@ struct Problem {
   bool out_fp32;
   int64_t M, N, K;
   int64_t x_stride, w_stride;  // elements between rows
+  // int8 weights (W8A16): `w8` [N][K] replaces `w`; each group of 32 along K has its scale,
+  // w8_scale[n][k / 32], and a weight is widened to bf16(w8 * scale) as it is read (what the
+  // bf16 path would read from those bf16 weights)
+  const int8_t* w8 = nullptr;
+  const float* w8_scale = nullptr;
+  // output n scaled by w_scale[n] before the bias (unused by the paths here: kept null)
+  const float* w_scale = nullptr;
 };
 
 inline uint16_t to_bf16_bits(float f) {
@@ -53,6 +60,7 @@ inline uint16_t to_bf16_bits(float f) {
 
 // One output value: + bias, then stored as the output dtype.
 inline void store_one(const Problem& p, int64_t m, int64_t n, float v) {
+  if (p.w_scale != nullptr) v *= p.w_scale[n];
   if (p.bias != nullptr) v += p.bias[n];
   if (p.out_fp32)
     static_cast<float*>(p.out)[m * p.N + n] = v;
@@ -66,6 +74,7 @@ inline void store_row16(const Problem& p, int64_t m, int64_t n0, int count, cons
 #ifdef __AVX512F__
   const __mmask16 mask = count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
   __m512 val = _mm512_loadu_ps(v);
+  if (p.w_scale != nullptr) val = _mm512_mul_ps(val, _mm512_maskz_loadu_ps(mask, p.w_scale + n0));
   if (p.bias != nullptr) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(mask, p.bias + n0));
   if (p.out_fp32) {
     _mm512_mask_storeu_ps(static_cast<float*>(p.out) + m * p.N + n0, mask, val);

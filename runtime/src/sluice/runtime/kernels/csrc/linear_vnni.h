@@ -46,15 +46,46 @@ inline void pack_b_tile(const uint16_t* src, int64_t stride, int64_t valid, uint
   for (int q = 0; q < 16; ++q) _mm512_storeu_si512(tile + 16 * q, r[q]);
 }
 
+// 32 int8 weights (the first `cols`) of one group as 32 bf16: bf16(w * scale), rounded to
+// nearest even as torch's `.bfloat16()`
+inline __m512i int8_to_bf16(const int8_t* src, float scale, int64_t cols = 32) {
+  const __mmask32 mask = cols >= 32 ? ~__mmask32(0) : (__mmask32(1) << cols) - 1;
+  const __m256i bytes = _mm256_maskz_loadu_epi8(mask, src);
+  const __m512 s = _mm512_set1_ps(scale);
+  const __m512 lo = _mm512_mul_ps(
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes))), s);
+  const __m512 hi = _mm512_mul_ps(
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1))), s);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// `pack_b_tile` of 16 rows of an int8 [rows][K] matrix at column 32 * group (each value
+// widened with its row's scale of that group, `scales` [rows][K / 32])
+inline void pack_b_tile_i8(const int8_t* src, int64_t stride, const float* scales,
+                           int64_t groups, int64_t valid, uint32_t* tile, int64_t cols = 32) {
+  __m512i r[16];
+  for (int j = 0; j < 16; ++j)
+    r[j] = j < valid ? int8_to_bf16(src + j * stride, scales[j * groups], cols)
+                     : _mm512_setzero_si512();
+  transpose16(r);
+  for (int q = 0; q < 16; ++q) _mm512_storeu_si512(tile + 16 * q, r[q]);
+}
+
 // `vectors` x 16 weight rows from row n0 as VNNI blocks: block (k, j) at (k * vectors + j) *
 // 256 dwords holds rows n0 + 16 j .. + 15 at k-block k (zero past N and past K)
 inline void pack_weight_panel(const Problem& p, int64_t n0, int vectors, uint32_t* panel) {
   const int64_t kb = (p.K + 31) / 32;
   for (int64_t k = 0; k < kb; ++k)
-    for (int j = 0; j < vectors; ++j)
-      pack_b_tile(p.w + (n0 + 16 * j) * p.w_stride + 32 * k, p.w_stride,
-                  std::max<int64_t>(0, std::min<int64_t>(16, p.N - n0 - 16 * j)),
-                  panel + (k * vectors + j) * 256, std::min<int64_t>(32, p.K - 32 * k));
+    for (int j = 0; j < vectors; ++j) {
+      const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(16, p.N - n0 - 16 * j));
+      const int64_t cols = std::min<int64_t>(32, p.K - 32 * k);
+      uint32_t* tile = panel + (k * vectors + j) * 256;
+      if (p.w8 != nullptr)
+        pack_b_tile_i8(p.w8 + (n0 + 16 * j) * p.w_stride + 32 * k, p.w_stride,
+                       p.w8_scale + (n0 + 16 * j) * kb + k, kb, valid, tile, cols);
+      else
+        pack_b_tile(p.w + (n0 + 16 * j) * p.w_stride + 32 * k, p.w_stride, valid, tile, cols);
+    }
 }
 
 // ---- avx512bf16: VDPBF16PS, acc += a[2q] b[2q] + a[2q+1] b[2q+1] for the k-pairs q in order --
