@@ -45,8 +45,14 @@ def run(args: argparse.Namespace, extra: str, prompts: list[list[int]]) -> dict[
                 done.wait(0.2)
 
         def send(ids: list[int]) -> int:
-            body = {"input_ids": ids, "sampling_params": {
-                "max_new_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}}
+            body = {
+                "input_ids": ids,
+                "sampling_params": {
+                    "max_new_tokens": args.max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+            }
             r = httpx.post(f"{url}/generate", json=body, timeout=3600)
             r.raise_for_status()
             return len(r.json()["output_ids"])
@@ -84,17 +90,23 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     rng = random.Random(args.seed)
-    prompts = [[rng.randrange(10, 20000) for _ in range(args.prompt_len)] for _ in range(args.requests)]
+    prompts = [
+        [rng.randrange(10, 20000) for _ in range(args.prompt_len)] for _ in range(args.requests)
+    ]
     rows = {name: run(args, extra, prompts) for name, extra in MODES.items()}
     print(f"\n{args.requests} requests of {args.prompt_len} + {args.max_tokens} tokens at once; "
           f"{args.model}, {args.dtype}, KV budget {args.cpu_kv_cache_gib} GiB, "
           f"--max-running-requests {args.max_running_requests} {args.server_args}")  # fmt: skip
-    print("| KV layout | full pool (tokens) | window pool (tokens) | most running at once "
-          "| retractions | output tok/s | wall s |")
+    print(
+        "| KV layout | full pool (tokens) | window pool (tokens) | most running at once "
+        "| retractions | output tok/s | wall s |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"| {name} | {r['full']} | {r['window']} | {r['peak']} | {r['retractions']} "
-              f"| {r['tok/s']:.1f} | {r['wall']:.0f} |")
+        print(
+            f"| {name} | {r['full']} | {r['window']} | {r['peak']} | {r['retractions']} "
+            f"| {r['tok/s']:.1f} | {r['wall']:.0f} |"
+        )
     before, after = (r["peak"] for r in rows.values())
     print(f"\nconcurrent requests: {after} / {before} = {after / max(before, 1):.2f}x")
 

@@ -164,3 +164,22 @@ def load_hf(path: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32, attn_implementation="eager"
     ).eval()
+
+
+def hf_greedy(hf: Any, ids: list[int], new_tokens: int) -> list[int]:
+    """transformers' greedy `generate`: exactly `new_tokens` tokens after `ids`."""
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)  # fmt: skip
+    return out[0, len(ids) :].tolist()
+
+
+def served_greedy(url: str, ids: list[int], new_tokens: int) -> list[int]:
+    """The server's greedy tokens for `ids` through /generate, exactly `new_tokens` of them."""
+    import httpx
+
+    params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": params},
+                   timeout=600)  # fmt: skip
+    r.raise_for_status()
+    return r.json()["output_ids"]

@@ -16,11 +16,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from server_process import serve, wait_for
-from tiny_windowed import load_hf, make_tiny_windowed
+from tiny_windowed import hf_greedy, load_hf, make_tiny_windowed, served_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,13 +30,6 @@ FLAGS = ("--dtype", "float32", "--page-size", "4", "--max-total-tokens", "512",
          "--max-prefill-tokens", "32", "--chunked-prefill-size", "16")  # fmt: skip
 
 
-def greedy(hf, ids: list[int]) -> list[int]:
-    with torch.inference_mode():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW,
-                          do_sample=False, pad_token_id=0)  # fmt: skip
-    return out[0, len(ids) :].tolist()
-
-
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list, list, list, list]:
     """(folder, prompts, their continuations, second turns, their continuations)."""
@@ -46,23 +38,15 @@ def gemma3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list, list, 
     gen = torch.Generator().manual_seed(17)
     vocab = hf.config.vocab_size
     prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENS]
-    first = [greedy(hf, ids) for ids in prompts]
+    first = [hf_greedy(hf, ids, MAX_NEW) for ids in prompts]
     seconds = [p + out + torch.randint(3, vocab, (8,), generator=gen).tolist()
                for p, out in zip(prompts, first, strict=True)]  # fmt: skip
-    return folder, prompts, first, seconds, [greedy(hf, ids) for ids in seconds]
-
-
-def generate(url: str, ids: list[int]) -> list[int]:
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0,
-                                                  "ignore_eos": True}}  # fmt: skip
-    r = httpx.post(f"{url}/generate", json=body, timeout=600)
-    r.raise_for_status()
-    return r.json()["output_ids"]
+    return folder, prompts, first, seconds, [hf_greedy(hf, ids, MAX_NEW) for ids in seconds]
 
 
 def all_at_once(url: str, prompts: list[list[int]]) -> list[list[int]]:
     with ThreadPoolExecutor(len(prompts)) as pool:
-        return list(pool.map(lambda ids: generate(url, ids), prompts))
+        return list(pool.map(lambda ids: served_greedy(url, ids, MAX_NEW), prompts))
 
 
 @pytest.mark.parametrize("loop", ["--disable-overlap-schedule", "--enable-overlap-schedule"])

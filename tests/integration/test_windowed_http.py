@@ -13,11 +13,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from server_process import hold_env, serve, wait_for
-from tiny_windowed import load_hf, make_tiny_windowed
+from tiny_windowed import hf_greedy, load_hf, make_tiny_windowed, served_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.heavy]
 
@@ -42,22 +41,8 @@ def windowed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
         gen = torch.Generator().manual_seed(11)
         vocab = hf.config.vocab_size
         prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENS]
-        expected = []
-        for ids in prompts:
-            with torch.inference_mode():
-                out_ids = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW,
-                                      min_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
-            expected.append(out_ids[0, len(ids):].tolist())
-        out[family] = (folder, prompts, expected)
+        out[family] = (folder, prompts, [hf_greedy(hf, ids, MAX_NEW) for ids in prompts])
     return out
-
-
-def generate(url: str, ids: list[int]) -> list[int]:
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0,
-                                                  "ignore_eos": True}}  # fmt: skip
-    r = httpx.post(f"{url}/generate", json=body, timeout=600)
-    r.raise_for_status()
-    return r.json()["output_ids"]
 
 
 @pytest.mark.parametrize("family, loop, tp", CASES, ids=[f"{f}-{lp}-tp{t}" for f, lp, t in CASES])
@@ -73,7 +58,7 @@ def test_greedy_tokens_through_http_equal_transformers_generate(windowed, tmp_pa
             hold.pause()  # all four admitted at one tick: the pool is then too small
             futures = []
             for i, ids in enumerate(prompts):
-                futures.append(pool.submit(generate, srv.url, ids))
+                futures.append(pool.submit(served_greedy, srv.url, ids, MAX_NEW))
                 wait_for(lambda i=i: queued() == i + 1, timeout=60)
             hold.resume()
             outputs = [f.result() for f in futures]

@@ -21,7 +21,9 @@ from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 
 
 class WindowPages:
-    def __init__(self, num_full_pages: int, window_tokens: int, page_size: int, window: int) -> None:
+    def __init__(
+        self, num_full_pages: int, window_tokens: int, page_size: int, window: int
+    ) -> None:
         if window < 1:
             raise ValueError(f"sliding window must be at least 1 token, got {window}")
         self.allocator = TokenToKVPoolAllocator(window_tokens, page_size)

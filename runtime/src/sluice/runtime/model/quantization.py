@@ -48,7 +48,9 @@ def torchao_available() -> bool:
 class W8A8Linear(nn.Module):
     """`y = x @ W.T + b` with `W` int8 per output channel and `x` int8 per token."""
 
-    def __init__(self, qweight_t: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(
+        self, qweight_t: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    ):
         super().__init__()
         self.register_buffer("qweight_t", qweight_t)  # [in, out] int8 (a transposed view)
         self.register_buffer("weight_scale", weight_scale)  # [out] fp32
@@ -129,7 +131,9 @@ class W8A16Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
-        y = torch.ops.sluice_cpu.linear_w8(rows, self.weight8, self.weight_scale, self.bias, x.dtype)
+        y = torch.ops.sluice_cpu.linear_w8(
+            rows, self.weight8, self.weight_scale, self.bias, x.dtype
+        )
         return y.reshape(*shape[:-1], y.shape[-1])
 
 
@@ -142,7 +146,9 @@ def w8a16_problem(dtype: torch.dtype) -> str | None:
     if (reason := cpu_extension.load()) is not None:
         return f"--quantization w8a16 needs the compiled CPU kernels ({reason})"
     if AMX_PATH not in torch.ops.sluice_cpu.linear_paths():
-        return "--quantization w8a16 needs a CPU with AMX-BF16 (its int8 weights run on the amx path)"
+        return (
+            "--quantization w8a16 needs a CPU with AMX-BF16 (its int8 weights run on the amx path)"
+        )
     return None
 
 
@@ -175,7 +181,9 @@ def quantize_model(model: nn.Module, method: str) -> int:
     if method == "w8a16":
         return quantize_w8a16(model)
     if method != "w8a8":
-        raise ValueError(f"unknown quantization {method!r}; choose one of {', '.join(QUANTIZATIONS)}")
+        raise ValueError(
+            f"unknown quantization {method!r}; choose one of {', '.join(QUANTIZATIONS)}"
+        )
     if not torchao_available():
         raise RuntimeError("--quantization w8a8 needs torchao: pip install torchao")
     count = 0

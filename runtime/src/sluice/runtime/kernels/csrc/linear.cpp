@@ -77,39 +77,53 @@ int64_t best_path(int64_t K) {
   return -1;
 }
 
+// What `linear` and `linear_w8` share: the rows contiguous in K, the bias as fp32, the
+// output, and the problem over them (its weight pointer left for the caller)
+struct Call {
+  at::Tensor xc, b32, out;
+  Problem p;
+};
+
+Call prepare(const at::Tensor& x, const at::Tensor& wc, const c10::optional<at::Tensor>& bias,
+             at::ScalarType out_dtype) {
+  TORCH_CHECK(out_dtype == at::kBFloat16 || out_dtype == at::kFloat,
+              "the output dtype must be bfloat16 or float32");
+  Call c;
+  c.xc = x.stride(1) == 1 ? x : x.contiguous();
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->numel() == wc.size(0), "bias must hold one value per output");
+    c.b32 = bias->to(at::kFloat).contiguous();
+  }
+  c.out = at::empty({c.xc.size(0), wc.size(0)}, x.options().dtype(out_dtype));
+  c.p.x = reinterpret_cast<const uint16_t*>(c.xc.data_ptr<bf16>());
+  c.p.w = nullptr;
+  c.p.bias = bias.has_value() ? c.b32.data_ptr<float>() : nullptr;
+  c.p.out = c.out.data_ptr();
+  c.p.out_fp32 = out_dtype == at::kFloat;
+  c.p.M = c.xc.size(0);
+  c.p.N = wc.size(0);
+  c.p.K = c.xc.size(1);
+  c.p.x_stride = c.xc.stride(0);
+  c.p.w_stride = wc.stride(0);
+  return c;
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
                   const c10::optional<at::Tensor>& bias, at::ScalarType out_dtype, int64_t path) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "x must be [rows, K] and weight [N, K]");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16,
               "x and weight must be bfloat16");
   TORCH_CHECK(x.size(1) == weight.size(1), "x and weight differ in K");
-  TORCH_CHECK(out_dtype == at::kBFloat16 || out_dtype == at::kFloat,
-              "the output dtype must be bfloat16 or float32");
-  const at::Tensor xc = x.stride(1) == 1 ? x : x.contiguous();
   const at::Tensor wc = weight.stride(1) == 1 ? weight : weight.contiguous();
-  at::Tensor b32;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->numel() == weight.size(0), "bias must hold one value per output");
-    b32 = bias->to(at::kFloat).contiguous();
-  }
-  const int64_t M = xc.size(0), N = wc.size(0), K = xc.size(1);
-  at::Tensor out = at::empty({M, N}, x.options().dtype(out_dtype));
-  if (M == 0 || N == 0) return out;
-  if (K == 0) return bias.has_value() ? out.copy_(b32.expand({M, N})) : out.zero_();
+  Call c = prepare(x, wc, bias, out_dtype);
+  Problem& p = c.p;
+  const int64_t M = p.M, N = p.N, K = p.K;
+  if (M == 0 || N == 0) return c.out;
+  if (K == 0) return bias.has_value() ? c.out.copy_(c.b32.expand({M, N})) : c.out.zero_();
   if (path < 0) path = best_path(K);
   TORCH_CHECK(path_available(path), "linear path ", path, " is not available on this CPU");
   TORCH_CHECK(path != kAmx || K % 32 == 0, "the amx path needs K in multiples of 32");
-  Problem p;
-  p.x = reinterpret_cast<const uint16_t*>(xc.data_ptr<bf16>());
   p.w = reinterpret_cast<const uint16_t*>(wc.data_ptr<bf16>());
-  p.bias = bias.has_value() ? b32.data_ptr<float>() : nullptr;
-  p.out = out.data_ptr();
-  p.out_fp32 = out_dtype == at::kFloat;
-  p.M = M;
-  p.N = N;
-  p.K = K;
-  p.x_stride = xc.stride(0);
-  p.w_stride = wc.stride(0);
   switch (path) {
 #ifdef SLUICE_LINEAR_AMX
     case kAmx:
@@ -132,7 +146,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     default:
       TORCH_CHECK(false, "no linear path");
   }
-  return out;
+  return c.out;
 }
 
 // W8A16: y = x bf16(W8 * scale)^T (+ b), x bf16, W8 int8 [N][K] with one fp32 scale per
@@ -150,39 +164,20 @@ at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& weight, const at::Te
                   scale.scalar_type() == at::kFloat && scale.dim() == 2 &&
                   scale.size(0) == weight.size(0) && scale.size(1) * 32 == weight.size(1),
               "x bfloat16, weight int8 [N, K], scale float32 [N, K / 32] (one per group of 32)");
-  TORCH_CHECK(out_dtype == at::kBFloat16 || out_dtype == at::kFloat,
-              "the output dtype must be bfloat16 or float32");
-  const at::Tensor xc = x.stride(1) == 1 ? x : x.contiguous();
   const at::Tensor wc = weight.contiguous();
   const at::Tensor sc = scale.contiguous();
-  at::Tensor b32;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->numel() == weight.size(0), "bias must hold one value per output");
-    b32 = bias->to(at::kFloat).contiguous();
-  }
-  const int64_t M = xc.size(0), N = wc.size(0), K = xc.size(1);
-  at::Tensor out = at::empty({M, N}, x.options().dtype(out_dtype));
-  if (M == 0 || N == 0) return out;
-  Problem p;
-  p.x = reinterpret_cast<const uint16_t*>(xc.data_ptr<bf16>());
-  p.w = nullptr;
+  Call c = prepare(x, wc, bias, out_dtype);
+  Problem& p = c.p;
+  if (p.M == 0 || p.N == 0) return c.out;
   p.w8 = wc.data_ptr<int8_t>();
   p.w8_scale = sc.data_ptr<float>();
-  p.bias = bias.has_value() ? b32.data_ptr<float>() : nullptr;
-  p.out = out.data_ptr();
-  p.out_fp32 = out_dtype == at::kFloat;
-  p.M = M;
-  p.N = N;
-  p.K = K;
-  p.x_stride = xc.stride(0);
-  p.w_stride = wc.stride(0);
 #ifdef SLUICE_LINEAR_AMX
-  if (order == 1 || (order < 0 && M <= kAmxWeightAsAMaxRows))
+  if (order == 1 || (order < 0 && p.M <= kAmxWeightAsAMaxRows))
     amx_weight_as_a(p);
   else
     amx_rows_as_a(p);
 #endif
-  return out;
+  return c.out;
 }
 
 // for tests: one of the amx path's two operand orders, whatever the row count (0: the rows
