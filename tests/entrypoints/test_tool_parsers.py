@@ -74,7 +74,9 @@ def test_an_unknown_parser_is_refused():
 
 
 def test_the_parsers_the_flags_offer_are_the_ones_implemented():
-    from sluice.runtime.constants import TOOL_CALL_PARSERS
+    """The text parsers, and gpt-oss's Harmony, which reads the token ids instead
+    (`entrypoints/harmony.py`, tested in tests/http/test_http_harmony.py)."""
+    from sluice.runtime.constants import HARMONY_PARSER, TOOL_CALL_PARSERS
     from sluice.runtime.entrypoints.tool_parsers import TOOL_PARSERS
 
-    assert set(TOOL_PARSERS) == set(TOOL_CALL_PARSERS)
+    assert set(TOOL_CALL_PARSERS) == set(TOOL_PARSERS) | {HARMONY_PARSER}

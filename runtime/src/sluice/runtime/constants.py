@@ -184,7 +184,10 @@ ROUTER_PREFIX_MATCH_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
 # the output parsers a server may be started with (`--tool-call-parser`, `--reasoning-parser`);
 # entrypoints/tool_parsers and entrypoints/reasoning implement exactly these
-TOOL_CALL_PARSERS = ("hermes", "qwen25", "llama3_json", "gpt-oss")
+# gpt-oss's Harmony format: reasoning and tool calls read together from the token ids
+# (`entrypoints/harmony.py`), offered under both flags
+HARMONY_PARSER = "gpt-oss"
+TOOL_CALL_PARSERS = ("hermes", "qwen25", "llama3_json", HARMONY_PARSER)
 # both read `<think>...</think>`, opened by the model or by the chat template (Qwen3-2507
 # Thinking's and DeepSeek-R1's templates open it); one splitter serves both
-REASONING_PARSERS = ("qwen3", "deepseek_r1", "gpt-oss")
+REASONING_PARSERS = ("qwen3", "deepseek_r1", HARMONY_PARSER)

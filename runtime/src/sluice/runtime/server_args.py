@@ -28,6 +28,7 @@ from sluice.runtime.constants import (
     FLAG_STARTUP_TIMEOUT,
     FLAG_TENSOR_PARALLEL_SIZE,
     FLAG_WATCHDOG_TIMEOUT,
+    HARMONY_PARSER,
     KV_CACHE_DTYPES,
     LIVE_PATH,
     QUANTIZATIONS,
@@ -294,8 +295,8 @@ class ServerArgs:
             problems.append("--max-running-requests must be >= 1 (0: auto)")
         if not 0.0 <= self.swa_full_tokens_ratio <= 1.0:
             problems.append("--swa-full-tokens-ratio must be within [0, 1]")
-        harmony = {self.reasoning_parser, self.tool_call_parser} & {"gpt-oss"}
-        if harmony and {self.reasoning_parser, self.tool_call_parser} - {"gpt-oss", ""}:
+        parsers = {self.reasoning_parser, self.tool_call_parser}
+        if HARMONY_PARSER in parsers and parsers - {HARMONY_PARSER, ""}:
             problems.append("--reasoning-parser gpt-oss and --tool-call-parser gpt-oss (Harmony) "
                             "cannot be combined with another parser")
         if self.max_prefill_tokens < 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.runtime.constants import HARMONY_PARSER
 from sluice.runtime.dataclass_cli import fields_by_name
 
 
@@ -36,7 +37,7 @@ class ApiConfig:
     @property
     def harmony(self) -> bool:
         """gpt-oss's Harmony format: reasoning and tool calls read from the token ids."""
-        return "gpt-oss" in (self.reasoning_parser, self.tool_call_parser)
+        return HARMONY_PARSER in (self.reasoning_parser, self.tool_call_parser)
 
     @classmethod
     def of(cls, flags: Any) -> ApiConfig:

@@ -27,7 +27,6 @@ from typing import Any
 from sluice.runtime.entrypoints.choice_output import OutputPieces
 from sluice.runtime.entrypoints.tool_parsers.base import ToolCallDelta, new_call_id
 
-HARMONY = "gpt-oss"  # the --reasoning-parser (and --tool-call-parser) name
 VOCAB_ENV = "TIKTOKEN_ENCODINGS_BASE"
 VOCAB_FILE = "o200k_base.tiktoken"
 DEFAULT_VOCAB_DIR = Path.home() / ".cache" / "sluice" / "tiktoken"
