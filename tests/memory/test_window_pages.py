@@ -158,3 +158,35 @@ def test_a_short_window_pool_takes_cached_windows_no_live_request_reads() -> Non
     assert usable(list(range(100, 110))) == 10
     assert usable([0] * 8) == 8 and usable([0] * 2) == 0  # a match ending at 2 reads 0-1
     cache.check_integrity([live, newcomer])
+
+
+def test_a_window_pool_at_its_floor_serves_request_after_request() -> None:
+    """Thirty distinct 20-token requests, four at a time, through a window pool sized at
+    its floor: every extend succeeds, cached windows are taken back as the pool fills (the
+    full pages stay cached while the full pool has room), and the books balance."""
+    import random
+
+    window, rows = 8, 4
+    alloc = TokenToKVPoolAllocator(1024, 1)
+    pages = WindowPages(alloc.num_pages, window_pool_floor(rows, window, 1, 32), 1, window)
+    cache = KVCacheManager.create(alloc, RequestSlots(rows, 128), enable_radix=True, window=pages)
+    rng = random.Random(0)
+    live: list[Req] = []
+    released: list[list[int]] = []
+    for i in range(30):
+        cache.slide_windows()
+        if len(live) == rows:
+            done = live.pop(0)
+            cache.release(done)
+            released.append(done.input_ids)
+        r = Req(rid=str(i), input_ids=[rng.randrange(100) for _ in range(20)],
+                sampling=SamplingParams())  # fmt: skip
+        cache.match_prefix(r)
+        assert cache.acquire_row(r) and cache.extend(r, r.seq_len)
+        live.append(r)
+        assert_windows_attached(cache, live)
+        cache.check_integrity(live)
+    cached = cache.prefix.all_pages()
+    # every released request's tokens (a prefix two share is cached once): none evicted
+    assert len(cached) == len({tuple(ids[:k]) for ids in released for k in range(1, 21)})
+    assert sum(pages.has(p) for p in cached) < len(cached)  # their windows were taken back

@@ -24,12 +24,6 @@ class HybridWindowAttention(AttentionBackend):
         self.full = full
         self.windowed = windowed
 
-    def __getattr__(self, name: str) -> object:
-        # what a caller asks of the backend it chose (its name, `implementation`, ...)
-        if name in ("full", "windowed"):
-            raise AttributeError(name)
-        return getattr(self.full, name)
-
     def unsupported(self, options: LayerAttention) -> str | None:
         return self.full.unsupported(options)
 

@@ -47,7 +47,8 @@ def stage_step(fi: ForwardInput, vocab: int, with_sampling: bool) -> Staging:
     """Every host value of the forward `fi` (and, `with_sampling`, of its sampling)."""
     stage = Staging()
     _table_writes(stage, "slots", fi.rows, "slot_start", "slots")
-    _table_writes(stage, "window_slots", fi.rows, "slot_start", "window_slots")
+    if any(r.window_slots for r in fi.rows):  # a window pool (`write_tables`)
+        _table_writes(stage, "window_slots", fi.rows, "slot_start", "window_slots")
     _table_writes(stage, "tokens", fi.rows, "token_start", "tokens")
     token_rows: list[int] = []
     positions: list[int] = []
@@ -85,7 +86,7 @@ def write_tables(
 ) -> None:
     """The rows' new KV slots and token ids into the worker's tables (device indexing)."""
     tables = [("slots", req_to_token), ("tokens", token_table)]
-    if window is not None:
+    if window is not None and "window_slots.rows" in staged:
         tables.append(("window_slots", window.req_to_token))
     for name, table in tables:
         if staged.host(f"{name}.rows").numel():
