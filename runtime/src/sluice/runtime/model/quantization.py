@@ -102,12 +102,16 @@ W8A16_GROUP = 32  # inputs per scale: the kernel's widening step
 
 
 class W8A16Linear(nn.Module):
-    """`y = x @ bf16(W8 * scale).T + b`, `W8` int8 with a scale per row and group of 32."""
+    """`y = x @ bf16(W8 * scale).T + b`, `W8` int8 with a scale per row and group of 32, both
+    held in the AMX tile order the kernel reads (`sluice_cpu.pack_w8`)."""
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        """`weight` int8 `[out, in]`, `scale` fp32 `[out, in / 32]`."""
         super().__init__()
-        self.register_buffer("weight8", weight)  # [out, in] int8
-        self.register_buffer("weight_scale", scale)  # [out, in / 32] fp32
+        self.out_features, in_features = weight.shape
+        packed_weight, packed_scale = torch.ops.sluice_cpu.pack_w8(weight, scale)
+        self.register_buffer("weight8", packed_weight)  # [ceil(out / 16), in / 32, 16, 32]
+        self.register_buffer("weight_scale", packed_scale)  # [ceil(out / 16), in / 32, 16]
         self.bias = bias
 
     @classmethod
@@ -120,19 +124,22 @@ class W8A16Linear(nn.Module):
         return cls(q.reshape(rows, cols).contiguous(), scale.contiguous(), linear.bias)
 
     def dequantized(self) -> torch.Tensor:
-        """The bf16 weights the kernel computes with."""
-        scale = self.weight_scale.repeat_interleave(W8A16_GROUP, dim=1)
-        return (self.weight8.float() * scale).bfloat16()
+        """The bf16 weights `[out, in]` the kernel computes with."""
+        panels, groups, rows, width = self.weight8.shape
+        weight = self.weight8.permute(0, 2, 1, 3).reshape(panels * rows, groups * width)
+        scale = self.weight_scale.permute(0, 2, 1).reshape(panels * rows, groups)
+        widened = weight.float() * scale.repeat_interleave(W8A16_GROUP, dim=1)
+        return widened[: self.out_features].bfloat16()
 
     @property
     def in_features(self) -> int:
-        return int(self.weight8.shape[1])
+        return int(self.weight8.shape[1] * W8A16_GROUP)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
         y = torch.ops.sluice_cpu.linear_w8(
-            rows, self.weight8, self.weight_scale, self.bias, x.dtype
+            rows, self.weight8, self.weight_scale, self.out_features, self.bias, x.dtype
         )
         return y.reshape(*shape[:-1], y.shape[-1])
 

@@ -84,27 +84,27 @@ struct Call {
   Problem p;
 };
 
-Call prepare(const at::Tensor& x, const at::Tensor& wc, const c10::optional<at::Tensor>& bias,
+Call prepare(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
              at::ScalarType out_dtype) {
   TORCH_CHECK(out_dtype == at::kBFloat16 || out_dtype == at::kFloat,
               "the output dtype must be bfloat16 or float32");
   Call c;
   c.xc = x.stride(1) == 1 ? x : x.contiguous();
   if (bias.has_value()) {
-    TORCH_CHECK(bias->numel() == wc.size(0), "bias must hold one value per output");
+    TORCH_CHECK(bias->numel() == n, "bias must hold one value per output");
     c.b32 = bias->to(at::kFloat).contiguous();
   }
-  c.out = at::empty({c.xc.size(0), wc.size(0)}, x.options().dtype(out_dtype));
+  c.out = at::empty({c.xc.size(0), n}, x.options().dtype(out_dtype));
   c.p.x = reinterpret_cast<const uint16_t*>(c.xc.data_ptr<bf16>());
   c.p.w = nullptr;
   c.p.bias = bias.has_value() ? c.b32.data_ptr<float>() : nullptr;
   c.p.out = c.out.data_ptr();
   c.p.out_fp32 = out_dtype == at::kFloat;
   c.p.M = c.xc.size(0);
-  c.p.N = wc.size(0);
+  c.p.N = n;
   c.p.K = c.xc.size(1);
   c.p.x_stride = c.xc.stride(0);
-  c.p.w_stride = wc.stride(0);
+  c.p.w_stride = 0;
   return c;
 }
 
@@ -115,8 +115,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
               "x and weight must be bfloat16");
   TORCH_CHECK(x.size(1) == weight.size(1), "x and weight differ in K");
   const at::Tensor wc = weight.stride(1) == 1 ? weight : weight.contiguous();
-  Call c = prepare(x, wc, bias, out_dtype);
+  Call c = prepare(x, wc.size(0), bias, out_dtype);
   Problem& p = c.p;
+  p.w_stride = wc.stride(0);
   const int64_t M = p.M, N = p.N, K = p.K;
   if (M == 0 || N == 0) return c.out;
   if (K == 0) return bias.has_value() ? c.out.copy_(c.b32.expand({M, N})) : c.out.zero_();
@@ -150,34 +151,53 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
 }
 
 // W8A16: y = x bf16(W8 * scale)^T (+ b), x bf16, W8 int8 [N][K] with one fp32 scale per
-// output row and group of 32 along K ([N][K / 32]); the amx path only (each weight widened to
-// bf16 as it is read), in either order by the row count as `linear`, so a row's result
+// output row and group of 32 along K, both packed in AMX tiles (`Problem::w8`; `pack_w8`
+// below writes them): `weight` [ceil(N / 16)][K / 32][16][32] int8, `scale`
+// [ceil(N / 16)][K / 32][16] fp32, `n` the output width. The amx path only (each weight widened
+// to bf16 as it is read), in either order by the row count as `linear`, so a row's result
 // depends on that row alone here too, and equals `linear` on the widened bf16 weights
 at::Tensor linear_w8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
-                     const c10::optional<at::Tensor>& bias, at::ScalarType out_dtype,
+                     int64_t n, const c10::optional<at::Tensor>& bias, at::ScalarType out_dtype,
                      int64_t order) {
   TORCH_CHECK(path_available(kAmx), "int8 weights need the amx path (a CPU with AMX-BF16)");
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
-              "x must be [rows, K] and weight [N, K]");
-  TORCH_CHECK(x.size(1) % 32 == 0, "the amx path needs K in multiples of 32");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kChar &&
-                  scale.scalar_type() == at::kFloat && scale.dim() == 2 &&
-                  scale.size(0) == weight.size(0) && scale.size(1) * 32 == weight.size(1),
-              "x bfloat16, weight int8 [N, K], scale float32 [N, K / 32] (one per group of 32)");
-  const at::Tensor wc = weight.contiguous();
-  const at::Tensor sc = scale.contiguous();
-  Call c = prepare(x, wc, bias, out_dtype);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be bfloat16 [rows, K]");
+  const int64_t K = x.size(1);
+  TORCH_CHECK(K % 32 == 0, "the amx path needs K in multiples of 32");
+  const int64_t panels = (n + 15) / 16;
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.is_contiguous() &&
+                  weight.sizes() == at::IntArrayRef({panels, K / 32, 16, 32}),
+              "weight must be int8 packed by pack_w8: [ceil(N / 16), K / 32, 16, 32]");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                  scale.sizes() == at::IntArrayRef({panels, K / 32, 16}),
+              "scale must be float32 packed by pack_w8: [ceil(N / 16), K / 32, 16]");
+  Call c = prepare(x, n, bias, out_dtype);
   Problem& p = c.p;
   if (p.M == 0 || p.N == 0) return c.out;
-  p.w8 = wc.data_ptr<int8_t>();
-  p.w8_scale = sc.data_ptr<float>();
+  p.w8 = weight.data_ptr<int8_t>();
+  p.w8_scale = scale.data_ptr<float>();
 #ifdef SLUICE_LINEAR_AMX
   if (order == 1 || (order < 0 && p.M <= kAmxWeightAsAMaxRows))
-    amx_weight_as_a(p);
+    amx_w8_weight_as_a(p);
   else
     amx_rows_as_a(p);
 #endif
   return c.out;
+}
+
+// int8 weights [N][K] and their scales [N][K / 32] in the tile order `linear_w8` reads (rows
+// padded to a multiple of 16 with zero weights and zero scales)
+std::vector<at::Tensor> pack_w8(const at::Tensor& weight, const at::Tensor& scale) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kChar && weight.size(1) % 32 == 0,
+              "weight int8 [N, K] with K a multiple of 32");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.dim() == 2 &&
+                  scale.size(0) == weight.size(0) && scale.size(1) * 32 == weight.size(1),
+              "scale must be float32 [N, K / 32] (one per row and group of 32)");
+  const int64_t N = weight.size(0), groups = weight.size(1) / 32, pad = (16 - N % 16) % 16;
+  const int64_t panels = (N + pad) / 16;
+  const at::Tensor w = at::constant_pad_nd(weight, {0, 0, 0, pad});
+  const at::Tensor s = at::constant_pad_nd(scale, {0, 0, 0, pad});
+  return {w.view({panels, 16, groups, 32}).permute({0, 2, 1, 3}).contiguous(),
+          s.view({panels, 16, groups}).permute({0, 2, 1}).contiguous()};
 }
 
 // for tests: one of the amx path's two operand orders, whatever the row count (0: the rows
@@ -213,11 +233,13 @@ TORCH_LIBRARY_FRAGMENT(sluice_cpu, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, ScalarType out_dtype, int path=-1) -> Tensor");
   m.def("linear_paths() -> int[]", &linear_paths);
   m.def("linear_order(Tensor x, Tensor weight, int path, int order) -> Tensor");
-  m.def("linear_w8(Tensor x, Tensor weight, Tensor scale, Tensor? bias, ScalarType out_dtype, int order=-1) -> Tensor");
+  m.def("linear_w8(Tensor x, Tensor weight, Tensor scale, int n, Tensor? bias, ScalarType out_dtype, int order=-1) -> Tensor");
+  m.def("pack_w8(Tensor weight, Tensor scale) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(sluice_cpu, CPU, m) {
   m.impl("linear", &linear);
   m.impl("linear_order", &linear_order);
   m.impl("linear_w8", &linear_w8);
+  m.impl("pack_w8", &pack_w8);
 }

@@ -40,9 +40,11 @@ struct Problem {
   bool out_fp32;
   int64_t M, N, K;
   int64_t x_stride, w_stride;  // elements between rows
-  // int8 weights (W8A16): `w8` [N][K] replaces `w`; each group of 32 along K has its scale,
-  // w8_scale[n][k / 32], and a weight is widened to bf16(w8 * scale) as it is read (what the
-  // bf16 path would read from those bf16 weights)
+  // int8 weights (W8A16) replace `w`, packed at load in AMX tiles: `w8` [N / 16][K / 32][16][32]
+  // (a tile of 16 weight rows by one group of 32 inputs, 512 contiguous bytes) and `w8_scale`
+  // [N / 16][K / 32][16], one scale per row and group (N rounded up to 16, the padding rows
+  // zero with scale zero). A weight is widened to bf16(w8 * scale) as it is read: what the bf16
+  // path would read from those bf16 weights.
   const int8_t* w8 = nullptr;
   const float* w8_scale = nullptr;
   // output n scaled by w_scale[n] before the bias (unused by the paths here: kept null)
@@ -101,11 +103,14 @@ inline void store_row16(const Problem& p, int64_t m, int64_t n0, int count, cons
 
 // Scratch memory of the calling thread, kept between calls: a fresh buffer of a megabyte
 // each call would cost more in page faults and zeroing than the copy it holds. Not zeroed.
+// Aligned to a cache line, so a tile row or a vector store never straddles two.
 template <typename T, int kSlot>
 T* scratch(size_t n) {
   static thread_local std::vector<T> buffer;
-  if (buffer.size() < n) buffer.resize(n);
-  return buffer.data();
+  const size_t pad = 64 / sizeof(T);
+  if (buffer.size() < n + pad) buffer.resize(n + pad);
+  const auto address = reinterpret_cast<uintptr_t>(buffer.data());
+  return reinterpret_cast<T*>((address + 63) & ~uintptr_t(63));
 }
 
 // ---- the weight's columns split over threads; rows in chunks that stay in cache ----------

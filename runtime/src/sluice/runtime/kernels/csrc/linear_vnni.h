@@ -46,27 +46,31 @@ inline void pack_b_tile(const uint16_t* src, int64_t stride, int64_t valid, uint
   for (int q = 0; q < 16; ++q) _mm512_storeu_si512(tile + 16 * q, r[q]);
 }
 
-// 32 int8 weights (the first `cols`) of one group as 32 bf16: bf16(w * scale), rounded to
-// nearest even as torch's `.bfloat16()`
-inline __m512i int8_to_bf16(const int8_t* src, float scale, int64_t cols = 32) {
-  const __mmask32 mask = cols >= 32 ? ~__mmask32(0) : (__mmask32(1) << cols) - 1;
-  const __m256i bytes = _mm256_maskz_loadu_epi8(mask, src);
+// 32 int8 weights of one group as 32 bf16: bf16(w * scale), rounded to nearest even as torch's
+// `.bfloat16()`
+inline __m512i int8_to_bf16(const int8_t* src, float scale) {
   const __m512 s = _mm512_set1_ps(scale);
   const __m512 lo = _mm512_mul_ps(
-      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes))), s);
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)))), s);
   const __m512 hi = _mm512_mul_ps(
-      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1))), s);
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16)))), s);
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
-// `pack_b_tile` of 16 rows of an int8 [rows][K] matrix at column 32 * group (each value
-// widened with its row's scale of that group, `scales` [rows][K / 32])
-inline void pack_b_tile_i8(const int8_t* src, int64_t stride, const float* scales,
-                           int64_t groups, int64_t valid, uint32_t* tile, int64_t cols = 32) {
+// Tile `t` of packed int8 weights (16 rows by one group of 32 inputs, `Problem::w8`) widened
+// to bf16 rows of 32: dst[j][0..31] = bf16(w8 * scale) of row j
+inline void widen_w8_tile(const Problem& p, int64_t t, uint16_t* dst) {
+  const int8_t* src = p.w8 + t * 512;
+  const float* scales = p.w8_scale + t * 16;
+  for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + 32 * j, int8_to_bf16(src + 32 * j, scales[j]));
+}
+
+// `pack_b_tile` of packed int8 tile `t` (widened as `widen_w8_tile`)
+inline void pack_b_tile_w8(const Problem& p, int64_t t, uint32_t* tile) {
+  const int8_t* src = p.w8 + t * 512;
+  const float* scales = p.w8_scale + t * 16;
   __m512i r[16];
-  for (int j = 0; j < 16; ++j)
-    r[j] = j < valid ? int8_to_bf16(src + j * stride, scales[j * groups], cols)
-                     : _mm512_setzero_si512();
+  for (int j = 0; j < 16; ++j) r[j] = int8_to_bf16(src + 32 * j, scales[j]);
   transpose16(r);
   for (int q = 0; q < 16; ++q) _mm512_storeu_si512(tile + 16 * q, r[q]);
 }
@@ -80,9 +84,10 @@ inline void pack_weight_panel(const Problem& p, int64_t n0, int vectors, uint32_
       const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(16, p.N - n0 - 16 * j));
       const int64_t cols = std::min<int64_t>(32, p.K - 32 * k);
       uint32_t* tile = panel + (k * vectors + j) * 256;
-      if (p.w8 != nullptr)
-        pack_b_tile_i8(p.w8 + (n0 + 16 * j) * p.w_stride + 32 * k, p.w_stride,
-                       p.w8_scale + (n0 + 16 * j) * kb + k, kb, valid, tile, cols);
+      if (p.w8 != nullptr && valid > 0)  // K is whole groups; rows past N are zero in memory
+        pack_b_tile_w8(p, ((n0 + 16 * j) / 16) * kb + k, tile);
+      else if (p.w8 != nullptr)
+        std::memset(tile, 0, 1024);
       else
         pack_b_tile(p.w + (n0 + 16 * j) * p.w_stride + 32 * k, p.w_stride, valid, tile, cols);
     }
