@@ -13,14 +13,16 @@ quantization and the rescaling are one compiled pass each around torch's GEMM);
 
 w8a16 keeps the activations in bf16 and stores the weights in int8, symmetric, with one fp32
 scale per output row and group of 32 inputs (max |w| / 127; one scale per row was measured
-too lossy on SmolLM2: 7 of 16 served answers kept against bf16's 12). The compiled AMX
-linear (`kernels/csrc/linear.cpp`, `linear_w8`) widens each weight to bf16(w8 * scale) as it
-reads it, so it computes exactly what the bf16 path computes on those widened weights, from
-9/16 of the bytes. Layers whose input width is not a multiple of 32 stay in bf16. It needs a
-CPU with AMX-BF16 and `--dtype bfloat16`.
+too lossy on SmolLM2: 7 of 16 served answers kept against bf16's 12). The weights are packed
+at load in the AMX tiles the kernel reads (`sluice_cpu.pack_w8`); the compiled AMX linear
+(`kernels/csrc/linear.cpp`, `linear_w8`) widens each weight to bf16(w8 * scale) as it reads
+it, so it computes exactly what the bf16 path computes on those widened weights, from 9/16
+of the bytes. Layers whose input width is not a multiple of 32 stay in bf16. It needs a CPU
+with AMX-BF16 and `--dtype bfloat16`.
 
-The output projection (`lm_head`) stays in the model dtype: quantizing the logits costs the
-most quality for a fifth of the FLOPs.
+The output projection (`lm_head`) stays in the model dtype: for w8a8 quantizing the logits
+costs the most quality; for w8a16 it kept the quality but was measured to save too little
+(benchmarks/README.md) to hold a second, int8 copy of a tied embedding.
 """
 
 from __future__ import annotations
