@@ -1,4 +1,4 @@
-"""Tiny random Gemma 2, Gemma 3 and gpt-oss models for the windowed-attention tests.
+"""Tiny random Gemma 2, Gemma 3, gpt-oss and Mistral models for the windowed-attention tests.
 
 Each is a Hugging Face folder (config, safetensors, the tiny byte-level tokenizer of
 `tiny_model`) whose windows are short (8-16 tokens), so prompts of 40-100 tokens cross
@@ -14,11 +14,12 @@ from typing import Any
 import torch
 from tiny_model import EOS_TOKEN_ID, make_tokenizer
 
-WINDOWED_FAMILIES = ("gemma3", "gemma2", "gpt_oss")
+WINDOWED_FAMILIES = ("gemma3", "gemma2", "gpt_oss")  # full and sliding layers
+ALL_SLIDING_FAMILY = "mistral"  # every layer slides (Mistral 7B v0.1)
 
 
 def _config(family: str, vocab: int, overrides: dict[str, Any]) -> Any:
-    from transformers import Gemma2Config, Gemma3TextConfig, GptOssConfig
+    from transformers import Gemma2Config, Gemma3TextConfig, GptOssConfig, MistralConfig
 
     common: dict[str, Any] = dict(
         vocab_size=vocab, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -41,6 +42,10 @@ def _config(family: str, vocab: int, overrides: dict[str, Any]) -> Any:
             query_pre_attn_scalar=40, attn_logit_softcapping=1.5, final_logit_softcapping=4.0,
         )  # fmt: skip
         config.architectures = ["Gemma2ForCausalLM"]
+    elif family == "mistral":
+        config = MistralConfig(**common, intermediate_size=96, num_hidden_layers=3,
+                               sliding_window=12, rope_theta=5e4)  # fmt: skip
+        config.architectures = ["MistralForCausalLM"]
     else:
         config = GptOssConfig(
             **common, intermediate_size=48, num_hidden_layers=2, sliding_window=8,
@@ -81,7 +86,7 @@ PUBLISHED_GEMMA3_PATTERN = 3
 def make_tiny_windowed(
     path: Path, family: str, seed: int = 0, published: bool = False, **overrides: Any
 ) -> Path:
-    """Write a random tiny `family` ("gemma3", "gemma2" or "gpt_oss") model into `path`;
+    """Write a random tiny `family` ("gemma3", "gemma2", "gpt_oss" or "mistral") model into `path`;
     `published`: with a config.json shaped like the published ones (`published_shape`)."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 

@@ -80,13 +80,14 @@ class ServerArgs:
     )
     max_prefill_tokens: int = option(8192, "Most prompt tokens admitted into one prefill batch.")
     disable_hybrid_swa_memory: bool = option(
-        False, "Keep every token's K/V in sliding-window layers too (models with both full and "
-        "sliding-window layers: Gemma 2/3, gpt-oss); by default those layers keep only "
-        "their window, in a pool of their own."
+        False, "Keep every token's K/V in sliding-window layers too (Gemma 2/3, gpt-oss, and "
+        "models where every layer slides, such as Mistral 7B v0.1); by default those layers "
+        "keep only their window, in a pool of their own."
     )
     swa_full_tokens_ratio: float = option(
         0.0, "Sliding-window layers' pool, as a fraction of the full layers' pool in tokens "
-        "(0: sized from the model: every running request's window plus one prefill batch)."
+        "(0: sized from the model: every running request's window plus one prefill batch; "
+        "refused for a model where every layer slides, whose window pool is its whole pool)."
     )
     chunked_prefill_size: int = option(
         0, "Longest prompt piece prefilled in one tick; longer prompts are chunked (-1: off; "

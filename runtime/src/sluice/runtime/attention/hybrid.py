@@ -19,10 +19,14 @@ from sluice.runtime.forward import ForwardBatch
 class HybridWindowAttention(AttentionBackend):
     supports_cuda_graph = False  # the window view's tensors are not static buffers
 
-    def __init__(self, full: AttentionBackend, windowed: AttentionBackend) -> None:
+    def __init__(
+        self, full: AttentionBackend, windowed: AttentionBackend, full_layers: bool = True
+    ) -> None:
+        """`full_layers` False: every layer slides (the full view is never planned)."""
         super().__init__(full.scale)
         self.full = full
         self.windowed = windowed
+        self.full_layers = full_layers
 
     def unsupported(self, options: LayerAttention) -> str | None:
         return self.full.unsupported(options)
@@ -30,7 +34,8 @@ class HybridWindowAttention(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if batch.window is None:
             raise RuntimeError("a window pool's forward needs the batch's window view")
-        self.full.init_forward_metadata(batch)
+        if self.full_layers:
+            self.full.init_forward_metadata(batch)
         self.windowed.init_forward_metadata(batch.window)
 
     def forward(

@@ -134,6 +134,8 @@ class ModelWorker:
         sliding = None if args.disable_hybrid_swa_memory else self.sliding
         self.pool = pool_layout(args, cfg.context_length, per_token, self.device, tp, sliding)
         total, page, context = self.pool.total_tokens, self.pool.page_size, self.pool.context_len
+        if not self.pool.window_tokens:
+            sliding = None  # one pool after all (`every_layer_slides`)
         full_layers = None if sliding is None else set(range(cfg.num_hidden_layers)) - set(sliding.layers)
         self.kv = KVBuffers(
             (total // page + 1) * page, cfg.num_hidden_layers, kv_heads,
@@ -153,7 +155,7 @@ class ModelWorker:
             second = attention_backend(args, self.device, self.dtype)
             if self.fallback_name is not None and (make := fallback_backend(args, self.device)):
                 second = make()
-            backend = HybridWindowAttention(self.model.attn_backend, second)
+            backend = HybridWindowAttention(self.model.attn_backend, second, bool(full_layers))
             self.model.attn_backend = backend
         window_bytes = self.window.kv.total_bytes if self.window is not None else 0
         logger.info(
@@ -222,11 +224,11 @@ class ModelWorker:
         )
 
     def _sliding_layers(self, kv_heads: int) -> SlidingLayers | None:
-        """The model's sliding-window layers, when it has full layers too (one window)."""
+        """The model's sliding-window layers (one window), some or all of its layers."""
         cfg = self.model_config
         windows = {i: cfg.window_for(i) for i in range(cfg.num_hidden_layers)}
         layers = tuple(i for i, w in windows.items() if w is not None)
-        if not layers or len(layers) == cfg.num_hidden_layers:
+        if not layers:
             return None
         if len({windows[i] for i in layers}) != 1:
             raise ValueError("sliding-window layers with different windows: run --disable-hybrid-swa-memory")

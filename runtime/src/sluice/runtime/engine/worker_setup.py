@@ -70,6 +70,7 @@ class PoolLayout:
     model_context_len: int  # the model's own limit (before the pool clipped it)
     window_tokens: int = 0  # the sliding layers' own pool (`window_pages`); 0: none
     window: int = 0  # their window, in tokens
+    window_holds_all: bool = False  # every layer slides: the full pool holds no K/V
 
 
 def row_invariant_kernels(device: str, dtype: torch.dtype) -> bool:
@@ -102,7 +103,8 @@ def attention_backend(args: EngineConfig, device: str, dtype: torch.dtype) -> At
 
 @dataclass(frozen=True)
 class SlidingLayers:
-    """A model with both full and sliding-window layers, as its KV pools see it."""
+    """A model's sliding-window layers, as its KV pools see them (`full_bytes` 0: every
+    layer slides)."""
 
     window: int
     layers: tuple[int, ...]  # the sliding layers' ids
@@ -144,6 +146,56 @@ def split_window_pool(args: EngineConfig, tokens: int, sliding: SlidingLayers) -
     return full, window
 
 
+# the full pool's pages when every layer slides: keys only (no K/V), so sized to what the
+# running requests can hold, up to this many tokens of host bookkeeping
+KEY_ONLY_FULL_POOL_MAX_TOKENS = 1 << 20
+
+
+def split_pools(
+    args: EngineConfig, tokens: int, sliding: SlidingLayers, model_context: int
+) -> tuple[int, int]:
+    """(full pool, window pool) in tokens, from the pool of `tokens` every layer would have;
+    a window pool of 0: one pool, as without `sliding`."""
+    if sliding.full_bytes:
+        return split_window_pool(args, tokens, sliding)
+    return every_layer_slides(args, tokens, sliding, model_context)
+
+
+def every_layer_slides(
+    args: EngineConfig, tokens: int, sliding: SlidingLayers, model_context: int
+) -> tuple[int, int]:
+    """(full pool, window pool) when every layer slides (Mistral 7B v0.1, Qwen2 with
+    `use_sliding_window`): the window pool holds all the K/V, `tokens` of it (the flag or
+    the memory budget); the full pool holds none, its pages are only the keys of the
+    holdings, the radix cache and `req_to_token`, as many as the running requests can hold
+    at the longest context. One pool (0) when the budget is below what the running
+    requests' windows and one prefill batch can need (`window_pool_floor`): a window pool
+    that can run short would stall a prompt longer than what it has free."""
+    if args.swa_full_tokens_ratio > 0:
+        raise ValueError(
+            "--swa-full-tokens-ratio sizes the sliding layers' pool against the full layers'; "
+            "every layer of this model slides, so its window pool is its whole KV pool (size "
+            "it with --max-total-tokens or the memory flags)"
+        )
+    page = args.page_size
+    floor = window_pool_floor(
+        args.max_running_requests, sliding.window, page, args.max_prefill_tokens
+    )
+    window = tokens // page * page
+    if window < floor:
+        logger.warning(
+            "every layer slides (window %d), but a KV pool of %d tokens is below what %d "
+            "running requests' windows and one prefill batch need (%d): one pool keeps "
+            "every token (raise the KV budget or lower --max-running-requests to keep only "
+            "the windows)",
+            sliding.window, window, args.max_running_requests, floor,
+        )  # fmt: skip
+        return tokens, 0
+    context = args.max_context_len or model_context
+    keys = min(args.max_running_requests * (context + page), KEY_ONLY_FULL_POOL_MAX_TOKENS)
+    return max(keys, window) // page * page, window
+
+
 def pool_layout(
     args: EngineConfig,
     model_context: int,
@@ -159,11 +211,15 @@ def pool_layout(
     total = tp.min_over_ranks(size_kv_pool(args, device, per_token_bytes, tp.local_size))
     window_tokens = 0
     if sliding is not None:
-        total, window_tokens = split_window_pool(args, total, sliding)
+        total, window_tokens = split_pools(args, total, sliding, model_context)
+    holds_all = False
+    if window_tokens and sliding is not None:
+        holds_all = not sliding.full_bytes
         logger.info(
             "sliding-window layers (%d, window %d) keep only their window: KV pools of %d "
-            "tokens (full layers) and %d (sliding layers)",
-            len(sliding.layers), sliding.window, total, window_tokens,
+            "tokens (full layers%s) and %d (sliding layers)",
+            len(sliding.layers), sliding.window, total,
+            ": page keys only, no K/V" if holds_all else "", window_tokens,
         )  # fmt: skip
     total = total // page * page
     model_context = args.max_context_len or model_context
@@ -179,5 +235,5 @@ def pool_layout(
         )  # fmt: skip
     return PoolLayout(
         total, page, args.max_running_requests, context, model_context, window_tokens,
-        sliding.window if sliding is not None else 0,
+        sliding.window if window_tokens and sliding is not None else 0, holds_all,
     )  # fmt: skip

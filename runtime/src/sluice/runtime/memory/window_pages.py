@@ -22,13 +22,21 @@ from sluice.runtime.memory.allocator import TokenToKVPoolAllocator
 
 class WindowPages:
     def __init__(
-        self, num_full_pages: int, window_tokens: int, page_size: int, window: int
+        self,
+        num_full_pages: int,
+        window_tokens: int,
+        page_size: int,
+        window: int,
+        holds_all_layers: bool = False,
     ) -> None:
+        """`holds_all_layers`: every layer slides, so this pool holds all the K/V and the
+        full pool's pages are keys only (its usage is the KV usage)."""
         if window < 1:
             raise ValueError(f"sliding window must be at least 1 token, got {window}")
         self.allocator = TokenToKVPoolAllocator(window_tokens, page_size)
         self.window = window
         self.page_size = page_size
+        self.holds_all_layers = holds_all_layers
         self.window_of = [0] * (num_full_pages + 1)
         self.attached = 0
 

@@ -139,10 +139,16 @@ def stats_of(
     total = cache.total_tokens
     used = total - cache.available_size
     window = cache.window
+    window_usage = window.attached / window.allocator.num_pages if window is not None else 0.0
+    kv_usage = used / total if total else 0.0
+    if window is not None and window.holds_all_layers:
+        # the full pool holds keys only: the live windows are the KV in use (cached windows
+        # no live request reads are taken back when needed, as cached pages are)
+        kv_usage = len(cache.live_window_pages()) / window.allocator.num_pages
     return SchedulerStats(
         queue_requests=waiting,
         running_requests=len(running),
-        kv_token_usage=used / total if total else 0.0,
+        kv_token_usage=kv_usage,
         new_token_ratio=new_token_ratio,
         retractions_total=c.retractions_total,
         retracted_tokens_total=c.retracted_tokens_total,
@@ -151,7 +157,7 @@ def stats_of(
         free_tokens=cache.available_size,
         cached_tokens=cache.cached_size,
         swa_total_tokens=window.allocator.size if window is not None else 0,
-        swa_token_usage=window.attached / window.allocator.num_pages if window is not None else 0.0,
+        swa_token_usage=window_usage,
         prefill_batches_total=c.prefill_batches,
         prefill_rows_total=c.prefill_rows,
         failed_batches_total=c.failed_batches,

@@ -216,16 +216,20 @@ class KVCacheManager:
         pages outright."""
         window = self.window
         assert window is not None
-        needed = {
-            page
-            for h in self.held.values()
-            for page in h.pages[h.window_start // self.page_size :]
-        }
+        needed = self.live_window_pages()
         slack = window.allocator.num_pages // 16
         short = want_free + slack - window.num_free_pages
         window.detach_first(self.prefix.pages_oldest_first(), short, needed)
         while window.num_free_pages < want_free and self.prefix.evict(self.page_size):
             pass
+
+    def live_window_pages(self) -> set[int]:
+        """The full pages inside some live request's window (their window pages stay)."""
+        return {
+            page
+            for h in self.held.values()
+            for page in h.pages[h.window_start // self.page_size :]
+        }
 
     def slide_windows(self) -> None:
         """At the start of a tick, before anything is scheduled: every request's next query

@@ -77,7 +77,8 @@ def kv_cache(args: ServerArgs, pool: PoolLayout) -> KVCacheManager:
     window = None
     if pool.window_tokens:
         full_pages = pool.total_tokens // pool.page_size
-        window = WindowPages(full_pages, pool.window_tokens, pool.page_size, pool.window)
+        window = WindowPages(full_pages, pool.window_tokens, pool.page_size, pool.window,
+                             pool.window_holds_all)  # fmt: skip
     return KVCacheManager.create(
         TokenToKVPoolAllocator(pool.total_tokens, pool.page_size),
         RequestSlots(pool.rows, pool.context_len + pool.page_size),

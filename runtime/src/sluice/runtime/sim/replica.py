@@ -20,7 +20,7 @@ from sluice.runtime.engine.worker_setup import (
     PoolLayout,
     SlidingLayers,
     size_kv_pool,
-    split_window_pool,
+    split_pools,
 )
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerStats, TokenizedGenerateReq
 from sluice.runtime.scheduler.process import kv_cache, scheduler_config
@@ -47,7 +47,7 @@ def pool_layout(args: ServerArgs, calibration: Calibration) -> PoolLayout:
     if args.max_total_tokens > 0 or facts.device == "cpu":
         total = size_kv_pool(args, "cpu", per_token)
         if sliding is not None:
-            total, window_tokens = split_window_pool(args, total, sliding)
+            total, window_tokens = split_pools(args, total, sliding, facts.model_context_len)
     else:
         total = calibration.kv_pool_tokens
         window_tokens = calibration.kv_window_tokens if sliding is not None else 0
@@ -57,8 +57,9 @@ def pool_layout(args: ServerArgs, calibration: Calibration) -> PoolLayout:
     context = min(model_context, total - page)
     if context < 2:
         raise ValueError(f"KV pool of {total} tokens is too small (page size {page})")
+    holds_all = bool(window_tokens) and sliding is not None and not sliding.full_bytes
     return PoolLayout(total, page, args.max_running_requests, context, model_context,
-                      window_tokens, facts.window if window_tokens else 0)  # fmt: skip
+                      window_tokens, facts.window if window_tokens else 0, holds_all)  # fmt: skip
 
 
 @dataclass(frozen=True)
