@@ -116,6 +116,7 @@ def test_both_pools_balance_and_live_windows_stay_attached(ops, page_size, windo
             cache.prefix.evict(pick * page_size)
         cache.check_integrity(live)
         assert_windows_attached(cache, live)
+        assert cache.live_window_count() == len(cache.live_window_pages())
     for r in live:
         cache.release(r)
     cache.check_integrity([])

@@ -144,7 +144,7 @@ def stats_of(
     if window is not None and window.holds_all_layers:
         # the full pool holds keys only: the live windows are the KV in use (cached windows
         # no live request reads are taken back when needed, as cached pages are)
-        kv_usage = len(cache.live_window_pages()) / window.allocator.num_pages
+        kv_usage = cache.live_window_count() / window.allocator.num_pages
     return SchedulerStats(
         queue_requests=waiting,
         running_requests=len(running),

@@ -231,6 +231,16 @@ class KVCacheManager:
             for page in h.pages[h.window_start // self.page_size :]
         }
 
+    def live_window_count(self) -> int:
+        """`len(live_window_pages())` at a tick's cost: a request's own pages are its alone,
+        so only the shared (cached) pages inside windows need a set."""
+        own, shared = 0, set()
+        for h in self.held.values():
+            first = h.window_start // self.page_size
+            own += max(0, len(h.pages) - max(first, h.shared_pages))
+            shared.update(h.pages[first : h.shared_pages])
+        return own + len(shared)
+
     def slide_windows(self) -> None:
         """At the start of a tick, before anything is scheduled: every request's next query
         is at its `kv_len` (launched forwards run before the next one, so the window pages
