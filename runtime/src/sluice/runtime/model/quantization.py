@@ -1,5 +1,6 @@
 """`--quantization w8a8`: int8 weights (per output channel) and int8 activations (per token);
-`--quantization w8a16`: int8 weights (per output channel) with bf16 activations.
+`--quantization w8a16`: int8 weights (a scale per output row and group of 32 inputs) with bf16
+activations.
 
 The scheme is torchao's `Int8DynamicActivationInt8WeightConfig`: weights are quantized once
 by torchao itself (`Int8Tensor.from_hp`, symmetric, one fp32 scale per output row);
@@ -110,7 +111,7 @@ class W8A16Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         """`weight` int8 `[out, in]`, `scale` fp32 `[out, in / 32]`."""
         super().__init__()
-        self.out_features, in_features = weight.shape
+        self.out_features = int(weight.shape[0])
         packed_weight, packed_scale = torch.ops.sluice_cpu.pack_w8(weight, scale)
         self.register_buffer("weight8", packed_weight)  # [ceil(out / 16), in / 32, 16, 32]
         self.register_buffer("weight_scale", packed_scale)  # [ceil(out / 16), in / 32, 16]
