@@ -132,10 +132,13 @@ class ModelWorker:
         per_token = bytes_per_token(cfg.num_hidden_layers, kv_heads, cfg.head_dim, self.kv_dtype)
         self.sliding = self._sliding_layers(kv_heads)  # the model's, whatever the flags say
         sliding = None if args.disable_hybrid_swa_memory else self.sliding
+        # the same backend again for the sliding layers (planning their view of each batch),
+        # built before the pool is sized from free memory, so its workspace is counted
+        window_backend = self._backend_again(args) if sliding is not None else None
         self.pool = pool_layout(args, cfg.context_length, per_token, self.device, tp, sliding)
         total, page, context = self.pool.total_tokens, self.pool.page_size, self.pool.context_len
         if not self.pool.window_tokens:
-            sliding = None  # one pool after all (`every_layer_slides`)
+            sliding = window_backend = None  # one pool after all (`every_layer_slides`)
         full_layers = None if sliding is None else set(range(cfg.num_hidden_layers)) - set(sliding.layers)
         self.kv = KVBuffers(
             (total // page + 1) * page, cfg.num_hidden_layers, kv_heads,
@@ -151,11 +154,8 @@ class ModelWorker:
                 cfg.head_dim, self.kv_dtype, self.device, sliding.layers,
             )
             self.window = WindowKV(window_kv, torch.zeros(table, dtype=torch.int32, device=self.device))
-            # the same backend again for the sliding layers, planning their view of each batch
-            second = attention_backend(args, self.device, self.dtype)
-            if self.fallback_name is not None and (make := fallback_backend(args, self.device)):
-                second = make()
-            backend = HybridWindowAttention(self.model.attn_backend, second, bool(full_layers))
+            assert window_backend is not None
+            backend = HybridWindowAttention(self.model.attn_backend, window_backend, bool(full_layers))
             self.model.attn_backend = backend
         window_bytes = self.window.kv.total_bytes if self.window is not None else 0
         logger.info(
@@ -222,6 +222,12 @@ class ModelWorker:
             torch_threads=torch.get_num_threads(),
             tensor_parallel_size=self.tp.size,
         )
+
+    def _backend_again(self, args: EngineConfig) -> AttentionBackend:
+        """A second instance of the backend the model runs (`auto`'s fallback if it took it)."""
+        if self.fallback_name is not None and (make := fallback_backend(args, self.device)):
+            return make()
+        return attention_backend(args, self.device, self.dtype)
 
     def _sliding_layers(self, kv_heads: int) -> SlidingLayers | None:
         """The model's sliding-window layers (one window), some or all of its layers."""
