@@ -205,35 +205,49 @@ def pool_layout(
     sliding: SlidingLayers | None = None,
 ) -> PoolLayout:
     """The KV pool (the same on every rank: the smallest any rank can hold) and the longest
-    sequence served in it (one request alone must always fit the pool, so retraction can
-    always make progress); with `sliding`, the full and the window pool."""
-    page = args.page_size
+    sequence served in it; with `sliding`, the full and the window pool."""
     total = tp.min_over_ranks(size_kv_pool(args, device, per_token_bytes, tp.local_size))
     window_tokens = 0
     if sliding is not None:
         total, window_tokens = split_pools(args, total, sliding, model_context)
-    holds_all = False
+    layout = layout_of(args, total, window_tokens, sliding, model_context)
     if window_tokens and sliding is not None:
-        holds_all = not sliding.full_bytes
         logger.info(
             "sliding-window layers (%d, window %d) keep only their window: KV pools of %d "
             "tokens (full layers%s) and %d (sliding layers)",
-            len(sliding.layers), sliding.window, total,
-            ": page keys only, no K/V" if holds_all else "", window_tokens,
+            len(sliding.layers), sliding.window, layout.total_tokens,
+            ": page keys only, no K/V" if layout.window_holds_all else "", window_tokens,
         )  # fmt: skip
+    if layout.context_len < layout.model_context_len:
+        logger.warning(
+            "context length clipped to %d tokens (the model allows %d): the KV pool holds %d "
+            "tokens and one request must fit it alone; raise --max-total-tokens (or "
+            "--cpu-kv-cache-gib / --mem-fraction-static) to serve longer sequences",
+            layout.context_len, layout.model_context_len, layout.total_tokens,
+        )  # fmt: skip
+    return layout
+
+
+def layout_of(
+    args: EngineConfig,
+    total: int,
+    window_tokens: int,
+    sliding: SlidingLayers | None,
+    model_context: int,
+) -> PoolLayout:
+    """A full pool of `total` tokens and a window pool of `window_tokens` (0: none), in whole
+    pages, and the longest sequence served in them: one request alone must always fit the
+    full pool, so retraction can always make progress (`sluice simulate` lays out its
+    replicas' pools here too)."""
+    page = args.page_size
     total = total // page * page
     model_context = args.max_context_len or model_context
     context = min(model_context, total - page)
     if context < 2:
         raise ValueError(f"KV pool of {total} tokens is too small (page size {page})")
-    if context < model_context:
-        logger.warning(
-            "context length clipped to %d tokens (the model allows %d): the KV pool holds %d "
-            "tokens and one request must fit it alone; raise --max-total-tokens (or "
-            "--cpu-kv-cache-gib / --mem-fraction-static) to serve longer sequences",
-            context, model_context, total,
-        )  # fmt: skip
+    window = sliding.window if window_tokens and sliding is not None else 0
+    holds_all = bool(window) and sliding is not None and not sliding.full_bytes
     return PoolLayout(
         total, page, args.max_running_requests, context, model_context, window_tokens,
-        sliding.window if window_tokens and sliding is not None else 0, holds_all,
+        window, holds_all,
     )  # fmt: skip

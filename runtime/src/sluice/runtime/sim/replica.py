@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from sluice.runtime.engine.worker_setup import (
     PoolLayout,
     SlidingLayers,
+    layout_of,
     size_kv_pool,
     split_pools,
 )
@@ -51,15 +52,7 @@ def pool_layout(args: ServerArgs, calibration: Calibration) -> PoolLayout:
     else:
         total = calibration.kv_pool_tokens
         window_tokens = calibration.kv_window_tokens if sliding is not None else 0
-    page = args.page_size
-    total = total // page * page
-    model_context = args.max_context_len or facts.model_context_len
-    context = min(model_context, total - page)
-    if context < 2:
-        raise ValueError(f"KV pool of {total} tokens is too small (page size {page})")
-    holds_all = bool(window_tokens) and sliding is not None and not sliding.full_bytes
-    return PoolLayout(total, page, args.max_running_requests, context, model_context,
-                      window_tokens, facts.window if window_tokens else 0, holds_all)  # fmt: skip
+    return layout_of(args, total, window_tokens, sliding, facts.model_context_len)
 
 
 @dataclass(frozen=True)
