@@ -321,9 +321,7 @@ class ServingBase:
                 constraint = (constraint[0], answer_or_call(constraint[1], req.tools, parser))
             except ToolError as exc:
                 raise ProtocolError(str(exc), param=exc.param) from exc
-        self.check_sampling(req, constraint, top_param="top_logprobs")
-        encoded = await self.off_loop(self.chat_prompt, req)
-        [ids], [params] = self.sampling_params(req, [encoded], constraint)
+        ids, params = await self._chat_request(req, constraint)
         opened = bool(self.args.reasoning_parser) and await self.off_loop(
             lambda: prompt_opens_thinking(self.tm.tokenizer.decode(ids[-8:]))
         )
@@ -345,11 +343,19 @@ class ServingBase:
                 "to a format: the grammar would keep the model from writing its channels",
                 param=param,
             )
-        self.check_sampling(req, None, top_param="top_logprobs")
-        encoded = await self.off_loop(self.chat_prompt, req)
-        [ids], [params] = self.sampling_params(req, [encoded], None)
+        ids, params = await self._chat_request(req, None)
         tools = bool(req.tools) and choice == "auto"
         return PreparedChat(ids, params, None, harmony=True, harmony_tools=tools)
+
+    async def _chat_request(
+        self, req: ChatCompletionRequest, constraint: tuple[str, Constraint] | None
+    ) -> tuple[list[int], SamplingParams]:
+        """The sampling checks, the chat template on the tokenizer thread, and the prompt's
+        sampling params under `constraint` (what both kinds of chat share)."""
+        self.check_sampling(req, constraint, top_param="top_logprobs")
+        encoded = await self.off_loop(self.chat_prompt, req)
+        [ids], [params] = self.sampling_params(req, [encoded], constraint)
+        return ids, params
 
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         """The prompt's ids (on the tokenizer thread): the chat template applied to the
