@@ -83,3 +83,23 @@ def test_window_pool_greedy_equals_transformers(windowed, tmp_path, loop) -> Non
     assert stats["retractions_total"] == 0  # the window pool never ran short
     # idle: no live window, whatever the cache keeps (cached windows are taken back on need)
     assert stats["kv_token_usage"] == 0 and stats["swa_token_usage"] > 0
+
+
+def test_in_bf16_the_window_pool_answers_as_one_pool(windowed, tmp_path) -> None:
+    """The default CPU path (bf16, the compiled row-invariant kernels): where a sliding
+    layer's K/V lives must not change a bit of the answer, so the window pool's greedy
+    tokens equal one pool's (`--disable-hybrid-swa-memory`) on the same prompts, cached
+    prefixes and second turns included. transformers is the oracle in fp32 above; in bf16 it
+    rounds differently from the kernels, so here the single pool is."""
+    family, folder, prompts, _, seconds, _ = windowed
+    flags, _ = POOLS[family]
+    answers = []
+    for layout in ((), ("--disable-hybrid-swa-memory",)):
+        bf16 = tuple("bfloat16" if f == "float32" else f for f in COMMON)
+        extra = () if layout else flags  # one pool: the default budget
+        with serve(folder, tmp_path / f"server{len(layout)}.log", *bf16, *extra, *layout) as srv:
+            stats = srv.info()["scheduler_stats"]
+            assert (stats["swa_total_tokens"] > 0) == (not layout)
+            answers.append([all_at_once(srv.url, prompts), all_at_once(srv.url, prompts),
+                            all_at_once(srv.url, seconds)])  # fmt: skip
+    assert answers[0] == answers[1]
