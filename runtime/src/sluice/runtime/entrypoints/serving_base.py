@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import random
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +36,7 @@ from sluice.runtime.entrypoints.errors import (
     not_supported_yet,
 )
 from sluice.runtime.entrypoints.harmony import HarmonyOutput
+from sluice.runtime.entrypoints.jobs import Job, is_failure
 from sluice.runtime.entrypoints.json_body import load_json_body
 from sluice.runtime.entrypoints.logprobs import TokenBytes
 from sluice.runtime.entrypoints.lora_api import LoraAdapters
@@ -49,7 +49,6 @@ from sluice.runtime.entrypoints.request_params import (
     capabilities_of,
     check_capabilities,
     check_token_ids,
-    per_choice_params,
     to_sampling_params,
     truncate_prompt,
 )
@@ -61,7 +60,7 @@ from sluice.runtime.entrypoints.streaming import (
     EventFormat,
     sse_event,
 )
-from sluice.runtime.entrypoints.tokenizer_manager import ABORTED_BY_REQUEST, GenerateChunk
+from sluice.runtime.entrypoints.tokenizer_manager import GenerateChunk
 from sluice.runtime.entrypoints.tool_parsers import ToolParser
 from sluice.runtime.entrypoints.tools import (
     ToolError,
@@ -71,7 +70,7 @@ from sluice.runtime.entrypoints.tools import (
     template_tools,
     tool_constraint,
 )
-from sluice.runtime.ipc.messages import Constraint, FinishReason, SamplingParams, SchedulerStats
+from sluice.runtime.ipc.messages import Constraint, SamplingParams, SchedulerStats
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -109,44 +108,6 @@ class TokenizerManagerLike(Protocol):
     listeners: list[Any]
 
     def send_to_scheduler(self, msg: object) -> None: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """One generation: a prompt's ids, one choice's params, and its rid."""
-
-    ids: list[int]
-    params: SamplingParams
-    rid: str
-
-
-def fan_out(
-    prompts: list[list[int]],
-    params: list[SamplingParams],
-    ns: list[int],
-    rid: str,
-    rids: list[str] | None = None,
-) -> list[Job]:
-    """Prompt-major jobs (choice index = prompt * n + j, as OpenAI indexes them); n > 1
-    choices get seeds `seed + j` and rids `<rid>-<j>`; prompt i of several is `<rid>-p<i>`
-    unless the client named each (`rids`)."""
-    jobs = []
-    for i, (ids, p, n) in enumerate(zip(prompts, params, ns, strict=True)):
-        base = rids[i] if rids else (rid if len(prompts) == 1 else f"{rid}-p{i}")
-        for j, q in enumerate(per_choice_params(p, n, random.getrandbits(63))):
-            jobs.append(Job(ids, q, base if n == 1 else f"{base}-{j}"))
-    return jobs
-
-
-def is_failure(reason: FinishReason | None, abort_is_error: bool) -> bool:
-    """An end the client gets as an error: an engine fault or a timeout, everywhere; an
-    abort it did not ask for, where `abort_is_error` (POST /abort_request aborts, and
-    /generate's server-side aborts, are reported in band)."""
-    if reason is None:
-        return False
-    if reason.kind in ("error", "timeout"):
-        return True
-    return abort_is_error and reason.kind == "abort" and reason.message != ABORTED_BY_REQUEST
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from sluice.runtime.entrypoints.choice_output import ChoiceOutput
+from sluice.runtime.entrypoints.jobs import fan_out
 from sluice.runtime.entrypoints.logprobs import TokenBytes, chat_logprobs
 from sluice.runtime.entrypoints.openai_protocol import ChatCompletionRequest
 from sluice.runtime.entrypoints.openai_responses import (
@@ -31,7 +32,7 @@ from sluice.runtime.entrypoints.openai_responses import (
     usage_of,
 )
 from sluice.runtime.entrypoints.request_params import finish_reason, kept_stop_text, stop_reason
-from sluice.runtime.entrypoints.serving_base import ServingBase, fan_out
+from sluice.runtime.entrypoints.serving_base import ServingBase
 from sluice.runtime.entrypoints.streaming import Chunk, SSEResponse, positions_of, sse_event
 from sluice.runtime.entrypoints.tool_parsers import StreamDelta, ToolCallDelta
 from sluice.runtime.entrypoints.tool_parsers.base import assemble

@@ -13,6 +13,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from sluice.runtime.entrypoints.errors import not_supported_yet
+from sluice.runtime.entrypoints.jobs import fan_out
 from sluice.runtime.entrypoints.logprobs import TokenBytes, completion_logprobs
 from sluice.runtime.entrypoints.openai_protocol import CompletionRequest
 from sluice.runtime.entrypoints.openai_responses import (
@@ -22,7 +23,7 @@ from sluice.runtime.entrypoints.openai_responses import (
     usage_of,
 )
 from sluice.runtime.entrypoints.request_params import finish_reason, kept_stop_text, stop_reason
-from sluice.runtime.entrypoints.serving_base import ServingBase, fan_out
+from sluice.runtime.entrypoints.serving_base import ServingBase
 from sluice.runtime.entrypoints.streaming import Chunk, SSEResponse, positions_of, sse_event
 
 

@@ -13,6 +13,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from sluice.runtime.entrypoints.errors import ProtocolError, model_not_found
+from sluice.runtime.entrypoints.jobs import fan_out
 from sluice.runtime.entrypoints.logprobs import generate_logprobs
 from sluice.runtime.entrypoints.openai_protocol import GenerateRequest
 from sluice.runtime.entrypoints.openai_responses import Usage, generate_body
@@ -21,7 +22,7 @@ from sluice.runtime.entrypoints.request_params import (
     kept_stop_text,
     native_sampling_params,
 )
-from sluice.runtime.entrypoints.serving_base import ServingBase, fan_out
+from sluice.runtime.entrypoints.serving_base import ServingBase
 from sluice.runtime.entrypoints.streaming import Chunk, Collected, SSEResponse, sse_event
 
 

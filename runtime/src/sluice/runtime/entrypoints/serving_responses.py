@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from sluice.runtime.constants import RESPONSE_ID_HEADER
 from sluice.runtime.disconnect import unless_disconnected
 from sluice.runtime.entrypoints.errors import ProtocolError, as_protocol_error
+from sluice.runtime.entrypoints.jobs import Job, is_failure
 from sluice.runtime.entrypoints.responses_output import ResponseAssembler, new_id
 from sluice.runtime.entrypoints.responses_protocol import (
     ResponsesRequest,
@@ -32,7 +33,7 @@ from sluice.runtime.entrypoints.responses_protocol import (
     input_item_records,
 )
 from sluice.runtime.entrypoints.responses_store import ResponseStore, StoredResponse
-from sluice.runtime.entrypoints.serving_base import Job, ServingBase, ServingContext, is_failure
+from sluice.runtime.entrypoints.serving_base import ServingBase, ServingContext
 from sluice.runtime.entrypoints.streaming import ChoiceStreams, SSEResponse
 
 
