@@ -175,3 +175,17 @@ async def call_asgi(app, path: str, body: dict, disconnect_after_chunks: int) ->
     }
     await asyncio.wait_for(app(scope, receive, send), 5)
     return sent
+
+
+def chat_with_reasoning(client: Any, stream: bool, **kwargs: Any) -> tuple[Any, str, list[Any]]:
+    """One chat completion through the openai client, streamed or whole: (the final
+    completion, its reasoning_content, the streamed chunks; none when whole)."""
+    if not stream:
+        final = client.chat.completions.create(**kwargs)
+        return final, final.choices[0].message.model_extra["reasoning_content"], []
+    with client.chat.completions.stream(**kwargs) as events:
+        chunks = [e.chunk for e in events if e.type == "chunk"]
+        final = events.get_final_completion()
+    reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or ""
+                        for c in chunks if c.choices)  # fmt: skip
+    return final, reasoning, chunks

@@ -18,7 +18,7 @@ import sys
 import openai
 import pytest
 from fastapi.testclient import TestClient
-from http_fakes import MODEL, FakeTM
+from http_fakes import MODEL, FakeTM, chat_with_reasoning
 
 from sluice.runtime.entrypoints.harmony import HarmonyOutput, harmony_encoding
 from sluice.runtime.entrypoints.http_server import build_app
@@ -117,18 +117,11 @@ def test_a_call_to_a_function_is_a_tool_call(stream):
     want = oracle(THINK_THEN_CALL, CALL)
     assert want["calls"] == [("get_weather", {"location": "Tokyo"})]
     client, _ = make_client(THINK_THEN_CALL, piece=2)
-    kwargs = {"model": MODEL, "messages": MESSAGES, "tools": [WEATHER]}
-    if stream:
-        with client.chat.completions.stream(**kwargs) as events:
-            chunks = [e.chunk for e in events if e.type == "chunk"]
-            final = events.get_final_completion()
-        reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or ""
-                            for c in chunks if c.choices)  # fmt: skip
-        arg_deltas = sum(1 for c in chunks if c.choices and c.choices[0].delta.tool_calls)
-        assert arg_deltas > 2  # the arguments stream as they are written
-    else:
-        final = client.chat.completions.create(**kwargs)
-        reasoning = final.choices[0].message.model_extra["reasoning_content"]
+    final, reasoning, chunks = chat_with_reasoning(
+        client, stream, model=MODEL, messages=MESSAGES, tools=[WEATHER]
+    )
+    if stream:  # the arguments stream as they are written
+        assert sum(1 for c in chunks if c.choices and c.choices[0].delta.tool_calls) > 2
     choice = final.choices[0]
     assert reasoning == want["reasoning"]
     assert choice.finish_reason == "tool_calls"

@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 from fastapi.testclient import TestClient
-from http_fakes import MODEL, FakeTM
+from http_fakes import MODEL, FakeTM, chat_with_reasoning
 
 from sluice.runtime.entrypoints.http_server import build_app
 from sluice.runtime.entrypoints.reasoning import ReasoningSplitter, split_reasoning
@@ -131,16 +131,9 @@ def test_qwen3_tool_calls_after_reasoning(qwen3_tokenizer, stream):
     reply = ["<think>\nI need the weather.\n</think>\n\n", "<tool_call>\n{\"name\": \"get_",
              "weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"]  # fmt: skip
     client, tm, _ = make_client(qwen3_tokenizer, reply, tools="qwen25")
-    kwargs = {"model": MODEL, "messages": MESSAGES, "tools": [WEATHER]}
-    if stream:
-        with client.chat.completions.stream(**kwargs) as events:
-            chunks = [e.chunk for e in events if e.type == "chunk"]
-            final = events.get_final_completion()
-        reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or ""
-                            for c in chunks if c.choices)  # fmt: skip
-    else:
-        final = client.chat.completions.create(**kwargs)
-        reasoning = final.choices[0].message.model_extra["reasoning_content"]
+    final, reasoning, _ = chat_with_reasoning(
+        client, stream, model=MODEL, messages=MESSAGES, tools=[WEATHER]
+    )
     choice = final.choices[0]
     assert reasoning == "\nI need the weather.\n"
     assert choice.finish_reason == "tool_calls"
