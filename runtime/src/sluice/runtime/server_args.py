@@ -63,9 +63,10 @@ class ServerArgs:
     )
     quantization: str = option(
         "none", "w8a8: int8 weights per channel and dynamic int8 activations per token "
-        "(torchao's scheme, torch's int8 GEMM; CPU only); w8a16: int8 weights per channel, "
-        "bf16 activations (the AMX linear widens the weights as it packs them; CPUs with "
-        "AMX-BF16, --dtype bfloat16). lm_head stays unquantized.",
+        "(torchao's scheme, torch's int8 GEMM; CPU only); w8a16: int8 weights with a scale "
+        "per row and group of 32 inputs, bf16 activations (packed in AMX tiles at load and "
+        "widened by the AMX linear as it reads them; CPUs with AMX-BF16, --dtype bfloat16). "
+        "lm_head stays unquantized.",
         QUANTIZATIONS,
     )
     page_size: int = option(1, "Tokens per KV cache page.")
@@ -338,7 +339,7 @@ class ServerArgs:
             problems.append("--responses-store-size must be >= 0 (0: store none)")
         if self.responses_store_ttl <= 0:
             problems.append("--responses-store-ttl must be > 0")
-        if self.quantization in ("w8a8", "w8a16") and self.device == "cuda":
+        if self.quantization != "none" and self.device == "cuda":
             problems.append(f"--quantization {self.quantization} is implemented for the CPU only")
         if self.quantization != "none" and self.enable_deterministic_inference:
             problems.append("--quantization cannot be combined with --enable-deterministic-inference")

@@ -126,14 +126,6 @@ class W8A16Linear(nn.Module):
         q = torch.round(groups / scale[..., None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
         return cls(q.reshape(rows, cols).contiguous(), scale.contiguous(), linear.bias)
 
-    def dequantized(self) -> torch.Tensor:
-        """The bf16 weights `[out, in]` the kernel computes with."""
-        panels, groups, rows, width = self.weight8.shape
-        weight = self.weight8.permute(0, 2, 1, 3).reshape(panels * rows, groups * width)
-        scale = self.weight_scale.permute(0, 2, 1).reshape(panels * rows, groups)
-        widened = weight.float() * scale.repeat_interleave(W8A16_GROUP, dim=1)
-        return widened[: self.out_features].bfloat16()
-
     @property
     def in_features(self) -> int:
         return int(self.weight8.shape[1] * W8A16_GROUP)
