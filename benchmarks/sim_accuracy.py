@@ -23,6 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.runtime.sim.calibration import Calibration
+from sluice.runtime.sim.trace_compare import Trace, compare, format_comparison
+
 ROOT = Path(__file__).resolve().parent.parent
 
 BOUNDS = {"output_throughput": 0.15, "mean_ttft_ms": 0.30, "mean_e2e_latency_ms": 0.20}
@@ -72,18 +75,34 @@ def run(cmd: list[str], log: Path) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="all", help="comma-separated names, or all")
-    p.add_argument("--folder", default="benchmarks/results/sim_accuracy", help="where the runs' files go")
+    p.add_argument(
+        "--folder", default="benchmarks/results/sim_accuracy", help="where the runs' files go"
+    )
     p.add_argument("--calibration", default="", help="use this calibration instead of calibrating")
     p.add_argument("--base-url", default="http://127.0.0.1:30517")
     p.add_argument("--output-file", default="", help="the table's numbers as JSON")
-    p.add_argument("--num-prompts", type=int, default=0, help="every workload with this many requests (0: its own)")
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=0,
+        help="every workload with this many requests (0: its own)",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="record both schedule traces and print their tick-by-tick comparison",
+    )
     args = p.parse_args()
     if args.num_prompts < 0:
         p.error("--num-prompts must be >= 0")
     folder = ROOT / args.folder
     folder.mkdir(parents=True, exist_ok=True)
     py = sys.executable
-    chosen = WORKLOADS if args.workloads == "all" else [w for w in WORKLOADS if w.name in args.workloads.split(",")]
+    chosen = (
+        WORKLOADS
+        if args.workloads == "all"
+        else [w for w in WORKLOADS if w.name in args.workloads.split(",")]
+    )
     if not chosen:
         p.error(f"--workloads: choose from {', '.join(w.name for w in WORKLOADS)} or all")
     if args.num_prompts:
@@ -92,23 +111,35 @@ def main() -> int:
     cal = Path(args.calibration) if args.calibration else folder / "calibration.json"
     if not args.calibration:
         t0 = time.perf_counter()
-        run([py, "-m", "sluice.runtime", "calibrate", "--output-file", str(cal)], folder / "calibrate.log")
+        run(
+            [py, "-m", "sluice.runtime", "calibrate", "--output-file", str(cal)],
+            folder / "calibrate.log",
+        )
         report["calibration_seconds"] = time.perf_counter() - t0
         report["load_average"]["after_calibration"] = load()
         print(f"calibrated in {report['calibration_seconds']:.0f} s (load {load()})", flush=True)
     for w in chosen:
         slug = w.name.replace("/", "-")
         real, sim = folder / f"{slug}.bench.json", folder / f"{slug}.sim.json"
+        real_trace, sim_trace = (
+            folder / f"{slug}.real-trace.jsonl",
+            folder / f"{slug}.sim-trace.jsonl",
+        )
+        traced = (
+            (("--schedule-trace", str(real_trace)), ("--schedule-trace", str(sim_trace)))
+            if args.trace
+            else ((), ())
+        )
         before = load()
         t0 = time.perf_counter()
         run([py, "-m", "benchmarks.bench_serving", "--launch-server", "--base-url", args.base_url,
-             "--no-peer", "--no-gemm-ceiling", "--server-args", " ".join(w.server_flags),
+             "--no-peer", "--no-gemm-ceiling", "--server-args", " ".join((*w.server_flags, *traced[0])),
              "--output-file", str(real), *w.flags], folder / f"{slug}.bench.log")  # fmt: skip
         bench_s = time.perf_counter() - t0
         after = load()
         t0 = time.perf_counter()
         run([py, "-m", "sluice.runtime", "simulate", "--calibration", str(cal), "--output-file", str(sim),
-             *w.flags, *w.server_flags], folder / f"{slug}.sim.log")  # fmt: skip
+             *w.flags, *w.server_flags, *traced[1]], folder / f"{slug}.sim.log")  # fmt: skip
         sim_s = time.perf_counter() - t0
         r, s = json.loads(real.read_text())["sluice"], json.loads(sim.read_text())
         row = {"workload": w.name, "what": w.what, "load_before": before, "load_after": after,
@@ -121,6 +152,15 @@ def main() -> int:
             row["metrics"][key] = {"real": rv, "sim": sv, "error": err, "bound": BOUNDS.get(key)}
         report["workloads"].append(row)
         print(format_row(row), flush=True)
+        if args.trace:
+            calibration = Calibration.load(cal)
+            ticks = compare(
+                Trace.read(real_trace),
+                Trace.read(sim_trace),
+                calibration.costs.loop(s["simulation"]["loop"] == "overlap"),
+            )
+            row["ticks"] = ticks
+            print(format_comparison(ticks), flush=True)
     report["load_average"]["end"] = load()
     print(format_table(report))
     if args.output_file:
@@ -141,7 +181,11 @@ def format_row(row: dict) -> str:
         if m["error"] is not None and key in BOUNDS:
             ok = "ok" if abs(m["error"]) <= m["bound"] else "OUT"
             parts.append(f"{key} {m['real']:.1f} vs {m['sim']:.1f} ({m['error']:+.1%} {ok})")
-    return f"{row['workload']}: " + "; ".join(parts) + f" (load {row['load_before']} -> {row['load_after']})"
+    return (
+        f"{row['workload']}: "
+        + "; ".join(parts)
+        + f" (load {row['load_before']} -> {row['load_after']})"
+    )
 
 
 def format_table(report: dict) -> str:

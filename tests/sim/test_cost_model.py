@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from sluice.runtime.engine.batch_features import BatchFeatures
 from sluice.runtime.sim.calibration import Calibration, ModelFacts, Startup
 from sluice.runtime.sim.cost_model import (
     FitError,
@@ -18,7 +19,6 @@ from sluice.runtime.sim.cost_model import (
     fit_linear,
     term_value,
 )
-from sluice.runtime.sim.features import BatchFeatures
 from sluice.runtime.sim.nnls import nnls
 
 

@@ -133,6 +133,11 @@ class ServerArgs:
     log_tick_timing: float = option(
         0.0, "Every this many seconds, log where scheduler time went per tick (0: off).",
     )
+    schedule_trace: str = option(
+        "", "Write every request the scheduler receives and every forward it launches to this "
+        "file (JSON lines, the layout `sluice simulate --schedule-trace` writes) for comparing "
+        "the simulator with this server tick by tick.",
+    )
     enable_deterministic_inference: bool = option(
         False, "Batch-invariant kernels, guaranteed: a request's tokens do not depend on its "
         "batch (retraction, chunking, caching and concurrency cannot change an output). bf16 "

@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 import zmq
 
-from sluice.runtime.ipc.messages import SchedulerStats
+from sluice.runtime.ipc.messages import SchedulerStats, TokenizedGenerateReq
 from sluice.runtime.ipc.sockets import recv, recv_all_nowait, send
 from sluice.runtime.scheduler.ranks import Tick, TickBroadcaster
+from sluice.runtime.scheduler.schedule_trace import ScheduleTrace
 from sluice.runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger("sluice.scheduler")
@@ -63,6 +64,7 @@ def serve_forever(
     timing_interval_s: float = 0.0,
     gate: LoopGate = OPEN,
     followers: TickBroadcaster | None = None,
+    trace: ScheduleTrace | None = None,
 ) -> None:
     publisher = StatsPublisher()
 
@@ -98,6 +100,8 @@ def serve_forever(
         if followers is not None:  # the other ranks handle the same messages in this tick
             followers.publish(Tick(idle, run, False, msgs))
         for msg in msgs:
+            if trace is not None and isinstance(msg, TokenizedGenerateReq):
+                trace.arrival(msg.rid, len(msg.input_ids))
             scheduler.handle(msg)
         if run:
             step()

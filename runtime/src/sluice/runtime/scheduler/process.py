@@ -37,6 +37,7 @@ from sluice.runtime.scheduler.loop import OPEN, serve_forever
 from sluice.runtime.scheduler.lora import AdapterGate
 from sluice.runtime.scheduler.policy import PolicyConfig
 from sluice.runtime.scheduler.ranks import TickBroadcaster, follow_leader, grammar_queue
+from sluice.runtime.scheduler.schedule_trace import ScheduleTrace, TracingExecutor
 from sluice.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.testing.fault_injection import FaultInjectingExecutor, FaultPlan
@@ -135,11 +136,14 @@ def run_scheduler_process(
             )
         worker = ModelWorker(args, model_path, tp)
         faults = FaultPlan.from_env()  # tests only, as is the hold gate
-        scheduler = build_scheduler(
-            args,
-            worker,
-            None if faults is None else lambda e: FaultInjectingExecutor(e, faults, tp.size),
-        )
+        trace = ScheduleTrace(args.schedule_trace) if args.schedule_trace and tp.is_leader else None
+
+        def wrap(executor: Executor) -> Executor:
+            if faults is not None:
+                executor = FaultInjectingExecutor(executor, faults, tp.size)
+            return executor if trace is None else TracingExecutor(executor, trace)
+
+        scheduler = build_scheduler(args, worker, wrap)
         overlap, why = args.overlap_choice
         logger.info("%s loop (%s)", "overlap" if overlap else "normal", why)
         if not tp.is_leader:
@@ -170,6 +174,7 @@ def run_scheduler_process(
                 args.log_tick_timing,
                 HoldGate.from_env() or OPEN,
                 TickBroadcaster(tp) if tp.size > 1 else None,
+                trace,
             )
         except Exception as exc:  # the engine is down: answer every request, then exit 1
             answer_everyone(scheduler, outbox, exc)

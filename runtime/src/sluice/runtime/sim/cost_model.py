@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from sluice.runtime.sim.features import BatchFeatures
+from sluice.runtime.engine.batch_features import BatchFeatures
 from sluice.runtime.sim.nnls import nnls
 
 LOOPS = ("normal", "overlap")

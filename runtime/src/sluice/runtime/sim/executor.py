@@ -26,10 +26,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from sluice.runtime.engine.batch_features import BatchFeatures
 from sluice.runtime.engine.executor import DeviceRowReader
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
+from sluice.runtime.scheduler.schedule_trace import ScheduleTrace
 from sluice.runtime.sim.cost_model import LoopCost
-from sluice.runtime.sim.features import BatchFeatures
 
 
 @dataclass
@@ -93,6 +94,7 @@ class SimExecutor:
         cost: LoopCost,
         token_id: int,
         record: bool = False,
+        trace: ScheduleTrace | None = None,
     ) -> None:
         self.clock = clock
         self.cost = cost
@@ -102,6 +104,7 @@ class SimExecutor:
         self.pending_host = 0.0  # processing cost of a result read, not yet on the clock
         self.launches: list[LaunchRecord] = []
         self.record = record
+        self.trace = trace
         self.busy_seconds = 0.0  # forward time so far (the CPU-utilisation signal)
         self.forwards = 0
 
@@ -126,6 +129,8 @@ class SimExecutor:
             self.flush_host()
             self.clock.advance_to(fut.end)
             self.pending_host += process
+            if self.trace is not None:  # as the server's TracingExecutor: when it is read
+                self.trace.forward(fi, submitted, self.clock.now, seconds)
 
         fut = SimFuture(end, on_read)
         n = len(fi.sampling)

@@ -21,12 +21,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.runtime.engine.batch_features import BatchFeatures
 from sluice.runtime.engine.executor import Executor, ExecutorWrapper
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
 from sluice.runtime.engine.model_worker import ModelWorker
 from sluice.runtime.ipc.messages import SamplingParams, TokenizedGenerateReq
 from sluice.runtime.scheduler.scheduler import Scheduler
-from sluice.runtime.sim.features import BatchFeatures
 
 
 @dataclass(frozen=True)

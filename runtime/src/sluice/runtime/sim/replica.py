@@ -25,6 +25,7 @@ from sluice.runtime.engine.worker_setup import (
 )
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerStats, TokenizedGenerateReq
 from sluice.runtime.scheduler.process import kv_cache, scheduler_config
+from sluice.runtime.scheduler.schedule_trace import ScheduleTrace
 from sluice.runtime.scheduler.scheduler import Scheduler
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.sim.calibration import Calibration
@@ -126,6 +127,7 @@ class SimReplica:
         name: str = "replica",
         start_time: float = 0.0,
         record_launches: bool = False,
+        trace_path: str = "",
     ) -> None:
         self.args = args
         self.name = name
@@ -134,9 +136,11 @@ class SimReplica:
         self.pool = pool_layout(args, calibration)
         facts = calibration.model
         token = filler_token(facts.eos_token_ids, facts.vocab_size)
+        self.trace = ScheduleTrace(trace_path, clock=lambda: self.clock.now) if trace_path else None
         self.executor = SimExecutor(
-            self.clock, calibration.costs.loop(self.overlap), token, record=record_launches
-        )
+            self.clock, calibration.costs.loop(self.overlap), token, record=record_launches,
+            trace=self.trace,
+        )  # fmt: skip
         config = dataclasses.replace(
             scheduler_config(args, self.pool.context_len), check_integrity_when_idle=False
         )
@@ -169,6 +173,8 @@ class SimReplica:
             )
             # the scheduler reads arrival_time with `or time.time()`: keep it positive
             msg = TokenizedGenerateReq(req.rid, list(req.input_ids), params, req.arrival + 1e-9)
+            if self.trace is not None:
+                self.trace.arrival(req.rid, len(req.input_ids))
             self.scheduler.handle(msg)
             self.delivered_at_step[req.rid] = self.steps
 

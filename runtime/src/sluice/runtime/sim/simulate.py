@@ -42,7 +42,10 @@ class SimulateArgs(WorkloadArgs):
     output_details: bool = option(False, "Add every request's timings to the JSON.")
     model_path: str = option("", "Folder of the tokenizer (default: the calibration's model).")
     warmup_requests: int = option(1, "Short requests sent before the clock starts (as bench_serving).")
-    schedule_trace: str = option("", "Write every simulated batch (JSON lines: rows, times) here.")
+    schedule_trace: str = option(
+        "", "Write every request the simulated scheduler receives and every batch it launches "
+        "here (JSON lines: `sluice serve --schedule-trace`'s layout, on the virtual clock).",
+    )
 
     def validate(self) -> None:
         problems = self.workload_problems()
@@ -97,7 +100,7 @@ def run_simulation(
     summary = dataset.DatasetSummary.of(requests, **extras)
     offsets = arrival_offsets(len(requests), args.request_rate, args.seed)
     ignore_eos = not args.disable_ignore_eos
-    replica = SimReplica(server_args, calibration, record_launches=bool(args.schedule_trace))
+    replica = SimReplica(server_args, calibration, trace_path=args.schedule_trace)
     if args.warmup_requests:  # off the clock, like bench_serving's warm-up
         warm = dataset.warmup_request(tokenizer, args.seed)
         ids = tokenizer.encode(warm.prompt, add_special_tokens=True)
@@ -156,11 +159,8 @@ def run_simulation(
     }
     if args.output_details:
         doc["requests"] = [asdict(r) for r in results]
-    if args.schedule_trace:
-        with Path(args.schedule_trace).open("w") as fh:
-            for rec in replica.executor.launches:
-                fh.write(json.dumps({"submitted": rec.submitted, "start": rec.start, "end": rec.end,
-                                     "rows": rec.rows, **rec.features.to_dict()}) + "\n")  # fmt: skip
+    if replica.trace is not None:
+        replica.trace.close()
     return SimulationResult(strict_json(doc), wall, simulated)
 
 
