@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.runtime.sim.calibration import Calibration
-from sluice.runtime.sim.trace_compare import Trace, compare, format_comparison
+from sluice.runtime.sim.trace_compare import (
+    Trace,
+    compare,
+    format_comparison,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,20 +44,61 @@ class Workload:
     server_flags: tuple[str, ...] = ()
 
 
+_POISSON = (
+    "--num-prompts",
+    "48",
+    "--random-input-len",
+    "160",
+    "--random-input-min",
+    "80",
+    "--random-output-len",
+    "224",
+    "--random-output-min",
+    "32",
+)
+_SHARED = (
+    "--dataset-name",
+    "shared-prefix",
+    "--num-prompts",
+    "48",
+    "--shared-prefix-len",
+    "400",
+    "--random-input-len",
+    "128",
+    "--random-output-len",
+    "96",
+    "--random-range-ratio",
+    "0.33",
+)
+
 WORKLOADS = [
-    Workload("burst-512/256", "64 requests at t=0, prompts 128-512, outputs 64-256",
+    Workload("burst", "64 requests at t=0, prompts 128-512, outputs 64-256",
              ("--num-prompts", "64", "--random-input-len", "512", "--random-output-len", "256",
               "--random-range-ratio", "0.25")),
+    Workload("poisson-2rps", "48 requests, Poisson 2 req/s, prompts 80-160, outputs 32-224",
+             (*_POISSON, "--request-rate", "2")),
     Workload("poisson-4rps", "48 requests, Poisson 4 req/s, prompts 80-160, outputs 32-224",
-             ("--num-prompts", "48", "--random-input-len", "160", "--random-input-min", "80",
-              "--random-output-len", "224", "--random-output-min", "32", "--request-rate", "4")),
-    Workload("shared-prefix", "32 requests at t=0 sharing a 400-token prefix, own 32-128, outputs 32-96",
-             ("--dataset-name", "shared-prefix", "--num-prompts", "32", "--shared-prefix-len", "400",
-              "--random-input-len", "128", "--random-output-len", "96", "--random-range-ratio", "0.33")),
-    Workload("retraction", "32 requests at t=0, prompts 200-400, outputs 150-300, a 6000-token KV pool",
-             ("--num-prompts", "32", "--random-input-len", "400", "--random-input-min", "200",
+             (*_POISSON, "--request-rate", "4")),
+    Workload("poisson-8rps", "48 requests, Poisson 8 req/s, prompts 80-160, outputs 32-224",
+             (*_POISSON, "--request-rate", "8")),
+    Workload("shared-prefix-burst", "48 requests at t=0 sharing a 400-token system prompt, own 42-128, "
+             "outputs 31-96", _SHARED),
+    Workload("shared-prefix-poisson", "48 requests, Poisson 4 req/s, sharing a 400-token system prompt, "
+             "own 42-128, outputs 31-96", (*_SHARED, "--request-rate", "4")),
+    Workload("multi-prefix", "48 requests, Poisson 3 req/s, 4 prefixes of 320 tokens (12 uses each), "
+             "own 42-128, outputs 31-96",
+             ("--dataset-name", "multi-prefix", "--num-prompts", "48", "--num-prefixes", "4",
+              "--shared-prefix-len", "320", "--random-input-len", "128", "--random-output-len", "96",
+              "--random-range-ratio", "0.33", "--request-rate", "3")),
+    Workload("retraction", "48 requests at t=0, prompts 200-400, outputs 150-300, a 6000-token KV pool",
+             ("--num-prompts", "48", "--random-input-len", "400", "--random-input-min", "200",
               "--random-output-len", "300", "--random-output-min", "150"),
              ("--max-total-tokens", "6000")),
+    Workload("long-short", "48 requests at t=0: a quarter 500-2000-token prompts with 8-32-token answers, "
+             "the rest 32-128-token prompts with 96-384-token answers",
+             ("--dataset-name", "long-short", "--num-prompts", "48", "--long-fraction", "0.25",
+              "--random-input-len", "2000", "--random-input-min", "128", "--random-output-len", "384",
+              "--random-output-min", "32", "--random-range-ratio", "0.25")),
     Workload("concurrency-8", "40 requests, at most 8 in flight, prompts 64-256, outputs 128-256",
              ("--num-prompts", "40", "--random-input-len", "256", "--random-input-min", "64",
               "--random-output-len", "256", "--random-output-min", "128", "--max-concurrency", "8")),
@@ -62,6 +107,17 @@ WORKLOADS = [
 
 def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def wait_quiet(limit: float, timeout_s: float) -> list[float]:
+    """Wait until the 1-minute load average is under `limit` (the run before this one, or
+    anything else, has stopped weighing on the cores), at most `timeout_s`; returns the load
+    then. A machine that stays loaded is reported, not waited on forever: the table shows
+    the load before each run."""
+    deadline = time.monotonic() + timeout_s
+    while os.getloadavg()[0] >= limit and time.monotonic() < deadline:
+        time.sleep(5.0)
+    return load()
 
 
 def run(cmd: list[str], log: Path) -> None:
@@ -81,6 +137,15 @@ def main() -> int:
     p.add_argument("--calibration", default="", help="use this calibration instead of calibrating")
     p.add_argument("--base-url", default="http://127.0.0.1:30517")
     p.add_argument("--output-file", default="", help="the table's numbers as JSON")
+    p.add_argument(
+        "--quiet-load",
+        type=float,
+        default=0.5,
+        help="before each run, wait until the 1-minute load average is under this (0: do not wait)",
+    )
+    p.add_argument(
+        "--quiet-timeout", type=float, default=300.0, help="... but at most this many seconds"
+    )
     p.add_argument(
         "--num-prompts",
         type=int,
@@ -110,6 +175,10 @@ def main() -> int:
     report: dict = {"load_average": {"start": load()}, "workloads": []}
     cal = Path(args.calibration) if args.calibration else folder / "calibration.json"
     if not args.calibration:
+        if args.quiet_load > 0:
+            report["load_average"]["before_calibration"] = wait_quiet(
+                args.quiet_load, args.quiet_timeout
+            )
         t0 = time.perf_counter()
         run(
             [py, "-m", "sluice.runtime", "calibrate", "--output-file", str(cal)],
@@ -130,7 +199,7 @@ def main() -> int:
             if args.trace
             else ((), ())
         )
-        before = load()
+        before = wait_quiet(args.quiet_load, args.quiet_timeout) if args.quiet_load > 0 else load()
         t0 = time.perf_counter()
         run([py, "-m", "benchmarks.bench_serving", "--launch-server", "--base-url", args.base_url,
              "--no-peer", "--no-gemm-ceiling", "--server-args", " ".join((*w.server_flags, *traced[0])),

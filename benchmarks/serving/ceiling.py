@@ -55,14 +55,21 @@ class Ceiling:
 
 def model_flops(config: dict) -> ModelFlops:
     """2 × the weights one token multiplies, split decoder / LM head (Llama family
-    config.json)."""
+    config.json; a mixture of experts multiplies its `top_k` experts' weights, of
+    `moe_intermediate_size` (Qwen3-MoE) or `intermediate_size` (Mixtral, gpt-oss) each, and
+    its router's)."""
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
     head_dim = config.get("head_dim") or hidden // heads
-    inter = config["intermediate_size"]
     per_layer = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
-    per_layer += 3 * hidden * inter
+    experts = config.get("num_experts") or config.get("num_local_experts") or 0
+    if experts:
+        top_k = config.get("num_experts_per_tok") or config.get("experts_per_token") or 1
+        inter = config.get("moe_intermediate_size") or config["intermediate_size"]
+        per_layer += top_k * 3 * hidden * inter + hidden * experts
+    else:
+        per_layer += 3 * hidden * config["intermediate_size"]
     return ModelFlops(2.0 * config["num_hidden_layers"] * per_layer,
                       2.0 * hidden * config["vocab_size"])  # fmt: skip
 

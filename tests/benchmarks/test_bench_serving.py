@@ -566,3 +566,40 @@ def test_launching_onto_a_port_in_use_is_refused(tmp_path):
         with pytest.raises(RuntimeError, match="already in use"):
             with server.launched_server([sys.executable, "-c", "pass"], url, 5, log_path=tmp_path / "l"):
                 pass
+
+
+def test_model_flops_of_a_mixture_of_experts_count_the_experts_a_token_uses():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from benchmarks.serving.ceiling import model_flops
+
+    config = Qwen3MoeConfig(vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                            num_experts=8, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)  # fmt: skip
+    model = Qwen3MoeForCausalLM(config)
+    matrices = {n: p.numel() for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n}
+    experts = sum(v for n, v in matrices.items() if ".experts." in n)
+    # what one token multiplies: every matrix but the experts it did not pick
+    used = sum(matrices.values()) - experts + experts * config.num_experts_per_tok // config.num_experts
+    flops = model_flops(config.to_dict())
+    assert flops.decoder == 2 * used
+    assert flops.lm_head == 2 * 64 * 300
+
+
+def test_long_short_mixes_long_prompts_with_short_answers_and_the_reverse(word_tokenizer):
+    requests = dataset.sample_long_short_requests(
+        word_tokenizer, 400, input_len=200, output_len=300, range_ratio=0.25, seed=2,
+        input_min=40, output_min=20, long_fraction=0.25,
+    )  # fmt: skip
+    long = [r for r in requests if r.prompt_len > 40]
+    short = [r for r in requests if r.prompt_len <= 40]
+    assert 0.18 < len(long) / len(requests) < 0.32
+    assert all(50 <= r.prompt_len <= 200 and 5 <= r.output_len <= 20 for r in long)
+    assert all(10 <= r.prompt_len <= 40 and 75 <= r.output_len <= 300 for r in short)
+    again = dataset.sample_long_short_requests(
+        word_tokenizer, 400, input_len=200, output_len=300, range_ratio=0.25, seed=2,
+        input_min=40, output_min=20, long_fraction=0.25,
+    )  # fmt: skip
+    assert again == requests
+    with pytest.raises(ValueError, match="long-short"):
+        dataset.sample_long_short_requests(word_tokenizer, 4, 200, 300, 0.25, seed=2)

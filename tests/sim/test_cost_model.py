@@ -119,3 +119,27 @@ def test_cost_flags_must_match_but_resolved_values_agree():
                       StepCostModel({}), Startup(0, 0, 0))  # fmt: skip
     assert cal.mismatched_flags({"dtype": "bfloat16", "attention_backend": "cpu"}) == []
     assert cal.mismatched_flags({"quantization": "w8a8"}) == ["--quantization 'w8a8' (calibrated with 'none')"]
+
+
+def test_the_experts_term_counts_the_experts_a_batch_activates():
+    from sluice.runtime.sim.cost_model import experts_term, term_value
+
+    term = experts_term(8, 2)
+    one = term_value(term, BatchFeatures(decode_rows=1))
+    assert one == pytest.approx(2.0)  # one token: its own top-k
+    assert term_value(term, BatchFeatures(decode_rows=2)) == pytest.approx(8 * (1 - 0.75**2))
+    assert term_value(term, BatchFeatures(prefill_rows=1, prefill_tokens=500)) == pytest.approx(8.0)
+
+
+def test_a_moe_forward_is_fitted_with_its_experts_term():
+    from sluice.runtime.sim.cost_model import experts_term, term_value
+
+    term = experts_term(16, 2)
+    points = [BatchFeatures(decode_rows=b, decode_context=b * 100, sampled_rows=b) for b in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)]
+    points += [BatchFeatures(prefill_rows=1, prefill_tokens=n, prefill_attention_k=n * n / 2000, sampled_rows=1)
+               for n in (16, 64, 128, 256, 512)]  # fmt: skip
+    seconds = [0.002 + 0.0005 * term_value(term, f) + 0.00002 * f.tokens for f in points]
+    fitted = fit_forward(points, seconds, experts=(16, 2))
+    assert term in fitted.terms
+    assert fitted.coef[fitted.terms.index(term)] == pytest.approx(0.0005, rel=0.05)
+    assert max(abs(fitted.predict(f) - s) / s for f, s in zip(points, seconds, strict=True)) < 0.02

@@ -39,7 +39,11 @@ def real_run(args, path, requests) -> dict[str, list[float]]:
         s.step()
     s.take_output()
     for rid, ids, n in requests:
-        s.handle(TokenizedGenerateReq(rid, ids, SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True), 1.0))
+        s.handle(
+            TokenizedGenerateReq(
+                rid, ids, SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True), 1.0
+            )
+        )
     emitted: dict[str, list[float]] = {rid: [] for rid, _, _ in requests}
     c0 = time.thread_time()
     while s.has_work:
@@ -62,7 +66,7 @@ def summary(first: list[float], last: list[float], tokens: int) -> dict[str, flo
 def test_simulated_timing_follows_the_real_engine(tiny_llama_path):
     args = server_args(tiny_llama_path, torch_threads=1, disable_overlap_schedule=True,
                        max_total_tokens=8192, max_running_requests=16)  # fmt: skip
-    cal = run_calibration(CalibrateArgs(loops="normal", repeats=1, scale=0.3, clock="cpu"), args,
+    cal = run_calibration(CalibrateArgs(loops="normal", repeats=1, scale=0.3, clock="cpu", skip_served_phase=True), args,
                           log=lambda *a: None, measure_startup=False)  # fmt: skip
     requests = workload(11)
     real = real_run(args, tiny_llama_path, requests)
@@ -71,8 +75,26 @@ def test_simulated_timing_follows_the_real_engine(tiny_llama_path):
         sim.submit(SimRequest(rid, ids, n, 0.0))
     sim.run_to_completion()
     tokens = sum(n for _, _, n in requests)
-    measured = summary([real[r][0] for r, _, _ in requests], [real[r][-1] for r, _, _ in requests], tokens)
+    measured = summary(
+        [real[r][0] for r, _, _ in requests], [real[r][-1] for r, _, _ in requests], tokens
+    )
     traces = [sim.traces[r] for r, _, _ in requests]
     simulated = summary([t.ttft for t in traces], [t.e2e for t in traces], tokens)
     errors = {k: (simulated[k] - measured[k]) / measured[k] for k in BOUNDS}
     assert all(abs(errors[k]) <= BOUNDS[k] for k in BOUNDS), (measured, simulated, errors)
+
+
+def test_a_moe_model_is_calibrated_with_its_experts(tmp_path):
+    from tiny_model import make_tiny_qwen3_moe
+
+    from sluice.runtime.sim.cost_model import experts_term
+
+    path = make_tiny_qwen3_moe(tmp_path / "moe")
+    args = server_args(path, torch_threads=1, disable_overlap_schedule=True, max_total_tokens=4096,
+                       max_running_requests=16)  # fmt: skip
+    cal = run_calibration(CalibrateArgs(loops="normal", repeats=1, scale=0.2, clock="cpu", skip_served_phase=True),
+                          args, log=lambda *a: None, measure_startup=False)  # fmt: skip
+    cfg = ModelWorker(args, path).model_config.moe
+    assert cfg is not None
+    assert (cal.model.num_experts, cal.model.experts_per_token) == (cfg.num_experts, cfg.top_k)
+    assert experts_term(cfg.num_experts, cfg.top_k) in cal.costs.loop(False).forward.terms

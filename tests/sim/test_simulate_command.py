@@ -83,3 +83,54 @@ def test_engine_flags_other_than_the_calibrations_are_refused(calibration_file, 
 def test_a_missing_calibration_is_a_clear_error(tmp_path, capsys):
     assert main(["simulate", "--calibration", str(tmp_path / "none.json")]) == 2
     assert "run `sluice calibrate` first" in capsys.readouterr().err
+
+
+def test_flags_of_gives_back_the_values_the_parser_reads():
+    import argparse
+
+    from sluice.runtime.dataclass_cli import add_flags, flags_of
+    from sluice.runtime.server_args import ServerArgs
+
+    chosen = ServerArgs(model="m", max_total_tokens=6000, disable_radix_cache=True, schedule_policy="lpm",
+                        cpu_kv_cache_gib=0.5)  # fmt: skip
+    names = ("model", "max_total_tokens", "disable_radix_cache", "schedule_policy", "cpu_kv_cache_gib", "page_size")
+    parser = argparse.ArgumentParser()
+    add_flags(parser, ServerArgs, only=names)
+    flags = flags_of(chosen, names)
+    assert "--page-size" not in flags  # left at its default
+    ns = parser.parse_args(flags)
+    assert {n: getattr(ns, n) for n in names} == {n: getattr(chosen, n) for n in names}
+
+
+def test_a_calibration_from_another_cpu_or_model_is_refused_in_one_line(calibration_file, tmp_path, capsys):
+    import dataclasses
+
+    from sluice.runtime.sim.calibration import Calibration, cpu_identity
+
+    here = cpu_identity()
+    cal = Calibration.load(calibration_file)
+    other = dataclasses.replace(cal, machine={**here, "cpu": "Some Other CPU", "cpu_flags": ["avx2"]})
+    path = tmp_path / "other.json"
+    other.save(path)
+    for command in (["simulate", "--calibration", str(path), *WORKLOAD], ["plan", "--calibration", str(path)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "another CPU" in err and "Some Other CPU" in err, err
+    # explicitly asked: simulate the calibrated machine
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--calibration", str(path), "--allow-other-cpu", "--output-file", str(out),
+                 *WORKLOAD, "--max-total-tokens", "4096"]) == 0  # fmt: skip
+    # the same CPU passes; another model is refused
+    same = dataclasses.replace(cal, machine=here, model=dataclasses.replace(cal.model, config_sha256="0" * 64))
+    same.save(path)
+    capsys.readouterr()
+    assert main(["simulate", "--calibration", str(path), "--model-path", cal.model.path, *WORKLOAD]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "another model" in err, err
+
+
+def test_calibrate_records_what_its_calibration_holds_for():
+    from sluice.runtime.sim.calibration import PERF_CPU_FLAGS, cpu_identity
+
+    here = cpu_identity()
+    assert here["cores"] and set(here["cpu_flags"]) <= set(PERF_CPU_FLAGS)

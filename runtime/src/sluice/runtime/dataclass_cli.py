@@ -57,6 +57,26 @@ def add_flags(
         )
 
 
+def flags_of(obj: Any, only: tuple[str, ...] | None = None) -> list[str]:
+    """The command-line flags that give `obj` (a dataclass `add_flags` parses) its values:
+    one per field that differs from its default (only the fields named in `only`)."""
+    out: list[str] = []
+    for f in dataclasses.fields(obj):
+        if only is not None and f.name not in only:
+            continue
+        value = getattr(obj, f.name)
+        if value == f.default:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            out += [flag] if value else []
+        elif str(f.type) == "tuple[str, ...]":
+            out += [flag, *value] if value else []
+        else:
+            out += [flag, str(value)]
+    return out
+
+
 def fields_by_name(cls: type[D], source: Any) -> D:
     """The dataclass `cls` with each field read by name from `source` (a larger record, such
     as the server's parsed flags); `source` itself when it already is a `cls`."""

@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sluice.runtime.dataclass_cli import add_flags, option
+from sluice.runtime.dataclass_cli import add_flags, flags_of, option
 from sluice.runtime.sim.calibration import (
     COST_FLAGS,
     Calibration,
     ModelFacts,
     Startup,
+    cpu_identity,
+    model_fingerprint,
     window_facts,
 )
 from sluice.runtime.sim.cost_model import (
@@ -42,6 +44,7 @@ from sluice.runtime.sim.cost_model import (
     FitError,
     LinearCost,
     LoopCost,
+    ServingCost,
     StepCostModel,
     fit_forward,
     fit_linear,
@@ -73,23 +76,46 @@ class CalibrateArgs:
     scale: float = option(1.0, "Scales the scenarios' prompt lengths (smaller: quicker).")
     held_out_fraction: float = option(0.25, "Share of the points kept out of the fit to report its error.")
     seed: int = option(0, "Seed of the prompts and of the held-out split.")
+    quick: bool = option(
+        False, "Under a minute on 2 cores: the loop the server runs only, one pass, prompts at "
+        "half length, and a shorter served phase (a rougher fit).",
+    )
+    skip_served_phase: bool = option(
+        False, "Do not measure through a real server (`sluice serve` with these flags): the "
+        "hand-over, the return and the streaming costs then stay 0, and the simulator sees "
+        "the scheduler alone.",
+    )
     clock: str = option(
         "wall", "wall: elapsed time (what a server sees). cpu: the engine thread's CPU time, "
         "which other processes on a shared machine barely move; needs --loops normal and "
         "--torch-threads 1 (the forward then runs on the measuring thread alone).", ("wall", "cpu"),
     )
 
-    def loop_names(self) -> list[str]:
+    def loop_names(self, server_loop: str = "") -> list[str]:
+        """The loops to measure; `--quick`: only `server_loop`, the one the server runs."""
+        if self.quick and server_loop:
+            return [server_loop]
         names = [n.strip() for n in self.loops.split(",") if n.strip()]
         unknown = [n for n in names if n not in LOOPS]
         if unknown or not names:
             raise ValueError(f"--loops: choose from {', '.join(LOOPS)} (got {self.loops!r})")
         return names
 
-    def validate(self, torch_threads: int = 0) -> None:
-        self.loop_names()
-        if self.clock == "cpu" and (self.loop_names() != ["normal"] or torch_threads != 1):
+    @property
+    def passes(self) -> int:
+        return 1 if self.quick else self.repeats
+
+    @property
+    def prompt_scale(self) -> float:
+        return self.scale * (0.5 if self.quick else 1.0)
+
+    def validate(self, torch_threads: int = 0, server_loop: str = "normal") -> None:
+        loops = self.loop_names(server_loop)
+        if self.clock == "cpu" and (loops != ["normal"] or torch_threads != 1):
             raise ValueError("--clock cpu needs --loops normal and --torch-threads 1")
+        if not self.skip_served_phase and server_loop not in loops:
+            raise ValueError(f"the served phase runs the server's {server_loop} loop: add it to --loops "
+                             "or pass --skip-served-phase")  # fmt: skip
         if self.repeats < 1:
             raise ValueError("--repeats must be >= 1")
         if not 0.0 < self.scale <= 4.0:
@@ -121,29 +147,35 @@ def _split(points: list[TickPoint], fraction: float, seed: int) -> tuple[list[Ti
     return [p for i, p in enumerate(points) if i not in held], [p for i, p in enumerate(points) if i in held]
 
 
-def _fit(kind: str, points: Sequence[TickPoint]) -> LinearCost:
+def _fit(kind: str, points: Sequence[TickPoint], experts: tuple[int, int] | None = None) -> LinearCost:
     feats = [p.features for p in points]
     secs = [p.seconds for p in points]
     if kind == "forward":
-        return fit_forward(feats, secs)
+        return fit_forward(feats, secs, experts=experts)
     terms = HOST_SCHEDULE_TERMS if kind == "host_schedule" else HOST_PROCESS_TERMS
     return fit_linear(feats, secs, terms)
 
 
-def fit_trimmed(kind: str, points: Sequence[TickPoint]) -> tuple[LinearCost, int]:
+def fit_trimmed(
+    kind: str, points: Sequence[TickPoint], experts: tuple[int, int] | None = None
+) -> tuple[LinearCost, int]:
     """Fit, drop the points far off it (another process took the cores), fit again."""
-    first = _fit(kind, points)
+    first = _fit(kind, points, experts)
     rel = [abs(first.predict(p.features) - p.seconds) / max(p.seconds, 1e-9) for p in points]
     med = sorted(rel)[len(rel) // 2]
     limit = max(TRIM_FACTOR * med, TRIM_FLOOR)
     kept = [p for p, r in zip(points, rel, strict=True) if r <= limit]
     if len(kept) < max(8, len(points) // 2):
         return first, 0
-    return _fit(kind, kept), len(points) - len(kept)
+    return _fit(kind, kept, experts), len(points) - len(kept)
 
 
 def fit_loops(
-    points: list[TickPoint], loops: Sequence[str], held_out_fraction: float, seed: int
+    points: list[TickPoint],
+    loops: Sequence[str],
+    held_out_fraction: float,
+    seed: int,
+    experts: tuple[int, int] | None = None,
 ) -> tuple[StepCostModel, dict[str, Any]]:
     costs: dict[str, LoopCost] = {}
     errors: dict[str, Any] = {}
@@ -155,7 +187,7 @@ def fit_loops(
             if not mine:
                 raise ValueError(f"no {kind} measurements for the {loop} loop")
             train, held = _split(mine, held_out_fraction, seed)
-            cost, dropped = fit_trimmed(kind, train)
+            cost, dropped = fit_trimmed(kind, train, experts)
             fitted[kind] = cost
             errors[loop][kind] = {
                 "train": FitError.of(cost, [p.features for p in train], [p.seconds for p in train]).to_dict(),
@@ -167,17 +199,8 @@ def fit_loops(
 
 
 def machine_info() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": cpu or platform.processor(),
-        "cores": os.cpu_count(),
+        **cpu_identity(),
         "python": platform.python_version(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
@@ -208,7 +231,9 @@ def run_calibration(
     cfg = worker.model_config
     points: list[TickPoint] = []
     warmup = 0.0
-    for i, loop in enumerate(cal_args.loop_names()):
+    server_loop = "overlap" if server_args.overlap_schedule else "normal"
+    loops = cal_args.loop_names(server_loop)
+    for i, loop in enumerate(loops):
         args = dataclasses.replace(
             server_args,
             disable_overlap_schedule=loop == "normal",
@@ -227,17 +252,29 @@ def run_calibration(
             profiler = Profiler(scheduler, worker, overlap=(loop == "overlap"), seed=cal_args.seed,
                                 clock=cal_args.clock)  # fmt: skip
             profiler.run(warmup_scenario(worker.pool.rows), record=False)
-            plan = scenarios(worker.pool.rows, worker.context_len, cal_args.scale)
+            plan = scenarios(worker.pool.rows, worker.context_len, cal_args.prompt_scale)
             t_loop = time.perf_counter()
-            for rep in range(cal_args.repeats):
+            for rep in range(cal_args.passes):
                 for sc in plan:
                     profiler.run(sc)
-                log(f"  {loop} loop, pass {rep + 1}/{cal_args.repeats}: {profiler.ticks} ticks, "
+                log(f"  {loop} loop, pass {rep + 1}/{cal_args.passes}: {profiler.ticks} ticks, "
                     f"{time.perf_counter() - t_loop:.0f} s")  # fmt: skip
             points += profiler.points
         finally:
             scheduler.executor.close()
-    costs, errors = fit_loops(points, cal_args.loop_names(), cal_args.held_out_fraction, cal_args.seed)
+    experts = (cfg.moe.num_experts, cfg.moe.top_k) if cfg.moe is not None else None
+    costs, errors = fit_loops(points, loops, cal_args.held_out_fraction, cal_args.seed, experts)
+    serving = ServingCost()
+    if not cal_args.skip_served_phase:
+        from sluice.runtime.sim.served import measure_serving
+
+        flags = flags_of(server_args, tuple(n for n in CALIBRATE_SERVER_FLAGS if n != "model"))
+        served = measure_serving(
+            server_args.model, flags, worker.tokenizer, costs.loop(server_loop == "overlap"),
+            worker.context_len, worker.pool.rows, cal_args.prompt_scale, cal_args.seed, log,
+        )  # fmt: skip
+        serving = served.serving
+        errors["served_phase"] = served.report
     if cal_args.points_file:
         with Path(cal_args.points_file).open("w") as fh:
             for p in points:
@@ -253,6 +290,9 @@ def run_calibration(
         attention_backend=worker.attention_backend_name,
         torch_threads=torch.get_num_threads(),
         **window_facts(worker),
+        config_sha256=model_fingerprint(model_path),
+        num_experts=experts[0] if experts else 0,
+        experts_per_token=experts[1] if experts else 0,
     )
     machine["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     machine["clock"] = cal_args.clock
@@ -266,6 +306,7 @@ def run_calibration(
         machine=machine,
         calibration_seconds=time.perf_counter() - began,
         kv_window_tokens=worker.pool.window_tokens,
+        serving=serving,
     )
 
 
@@ -273,13 +314,15 @@ def main(ns: argparse.Namespace) -> int:
     try:
         cal_args = CalibrateArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(CalibrateArgs)})
         server_args = server_args_from(ns, CALIBRATE_SERVER_FLAGS)
-        cal_args.validate(server_args.torch_threads)
+        cal_args.validate(server_args.torch_threads, "overlap" if server_args.overlap_schedule else "normal")
     except ValueError as err:
         print(f"sluice calibrate: {err}", file=sys.stderr)
         return 2
     calibration = run_calibration(cal_args, server_args)
     calibration.save(Path(cal_args.output_file))
     for loop, kinds in calibration.fit_errors.items():
+        if loop == "served_phase":
+            continue
         parts = [f"{kind} {e['held_out']['mean']:.1%} (median {e['held_out']['median']:.1%})" for kind, e in kinds.items()]
         print(f"{loop} loop, held-out mean error: " + ", ".join(parts))
     print(f"calibration written to {cal_args.output_file} in {calibration.calibration_seconds:.0f} s")

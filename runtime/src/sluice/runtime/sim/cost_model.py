@@ -19,6 +19,7 @@ in that loop.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,10 +50,23 @@ HOST_SCHEDULE_TERMS = ("one", "rows", "prefill_tokens")
 HOST_PROCESS_TERMS = ("one", "rows")
 
 
+def experts_term(num_experts: int, top_k: int) -> str:
+    """The MoE forward's term: `experts_active:E:K`, the experts a batch's tokens activate
+    per layer when each picks `top_k` of `num_experts` (uniformly, the expected count):
+    E * (1 - (1 - K/E)^tokens). An expert's weights are read once per forward however many
+    tokens it takes, so a small batch costs its active experts, not the dense MLP's size,
+    and the cost stops growing once every expert is active."""
+    return f"experts_active:{num_experts}:{top_k}"
+
+
 def term_value(name: str, f: BatchFeatures) -> float:
-    """A term's value; `tokens_over:K` is max(0, tokens - K)."""
+    """A term's value; `tokens_over:K` is max(0, tokens - K), `experts_active:E:K` see
+    `experts_term`."""
     if name.startswith("tokens_over:"):
         return float(max(0, f.tokens - int(name.split(":", 1)[1])))
+    if name.startswith("experts_active:"):
+        e, k = (int(x) for x in name.split(":")[1:])
+        return e * (1.0 - (1.0 - k / e) ** f.tokens)
     try:
         return _BASE_TERMS[name](f)
     except KeyError:
@@ -155,17 +169,59 @@ def fit_forward(
     features: Sequence[BatchFeatures],
     seconds: Sequence[float],
     knees: Sequence[int] = (0, 16, 32, 64, 128, 256, 512),
+    experts: tuple[int, int] | None = None,
 ) -> LinearCost:
-    """The forward's model, with the GEMM knee that fits these points best (0: none)."""
+    """The forward's model, with the GEMM knee that fits these points best (0: none);
+    `experts` (num_experts, top_k): a mixture-of-experts model, which adds `experts_term`."""
+    moe = (experts_term(*experts),) if experts else ()
     best: tuple[float, LinearCost] | None = None
     for knee in knees:
-        terms = FORWARD_TERMS + ((f"tokens_over:{knee}",) if knee else ())
+        terms = FORWARD_TERMS + moe + ((f"tokens_over:{knee}",) if knee else ())
         cost = fit_linear(features, seconds, terms)
         err = FitError.of(cost, features, seconds).mean
         if best is None or err < best[0] - 1e-9:
             best = (err, cost)
     assert best is not None
     return best[1]
+
+
+@dataclass(frozen=True)
+class ServingCost:
+    """What the server's other processes add around the scheduler, measured through a real
+    server (`sim.served`); all zero when not measured (the scheduler alone).
+
+    - hand-over: from the client's send to the scheduler's inbox (HTTP, the tokenizer
+      thread, ZeroMQ): `hand_over_s + hand_over_per_token_s * prompt tokens`, one request
+      after another (one event loop, one tokenizer thread), so a burst reaches the
+      scheduler spread out, and the first request of a burst is scheduled alone;
+    - the return: a token's way from the forward that sampled it to the client
+      (detokenizer, API server, the stream);
+    - on each tick: the detokenizer, the API server and the client stream the tokens the
+      tick produced on the same cores as the forward (`per_sampled_row_s` each), the
+      scheduler sends its outputs and stats (`tick_s`), and the forward runs slower among
+      the other processes (`forward_scale`).
+    """
+
+    hand_over_s: float = 0.0
+    hand_over_per_token_s: float = 0.0
+    return_s: float = 0.0
+    forward_scale: float = 1.0
+    tick_s: float = 0.0
+    per_sampled_row_s: float = 0.0
+
+    def hand_over(self, prompt_tokens: int) -> float:
+        return self.hand_over_s + self.hand_over_per_token_s * prompt_tokens
+
+    def tick_extra(self, f: BatchFeatures, forward_seconds: float) -> float:
+        """Seconds a tick of these features takes in a server beyond the scheduler's own."""
+        return (self.forward_scale - 1.0) * forward_seconds + self.tick_s + self.per_sampled_row_s * f.sampled_rows
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ServingCost:
+        return cls(**{k: float(v) for k, v in d.items()})
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,10 @@ Where time goes, in the order the scheduler's loops spend it:
 In the normal loop this gives tick = schedule + forward + process; in the overlap loop
 the forward of batch N runs while batch N-1 is processed and batch N+1 scheduled.
 
+In a server the other processes share the cores: the forward also pays the calibration's
+`ServingCost.tick_extra` (streaming the tick's tokens, sending its outputs, the slower
+forward among the other processes), measured through a real server.
+
 Sampled tokens are one fixed id that is neither EOS nor a stop token, so an output is as
 long as its `max_new_tokens` (what `bench_serving` asks with `ignore_eos`).
 """
@@ -30,7 +34,7 @@ from sluice.runtime.engine.batch_features import BatchFeatures
 from sluice.runtime.engine.executor import DeviceRowReader
 from sluice.runtime.engine.forward_input import ForwardInput, ForwardOutput
 from sluice.runtime.scheduler.schedule_trace import ScheduleTrace
-from sluice.runtime.sim.cost_model import LoopCost
+from sluice.runtime.sim.cost_model import LoopCost, ServingCost
 
 
 @dataclass
@@ -95,6 +99,7 @@ class SimExecutor:
         token_id: int,
         record: bool = False,
         trace: ScheduleTrace | None = None,
+        serving: ServingCost | None = None,
     ) -> None:
         self.clock = clock
         self.cost = cost
@@ -105,6 +110,7 @@ class SimExecutor:
         self.launches: list[LaunchRecord] = []
         self.record = record
         self.trace = trace
+        self.serving = serving or ServingCost()
         self.busy_seconds = 0.0  # forward time so far (the CPU-utilisation signal)
         self.forwards = 0
 
@@ -119,6 +125,7 @@ class SimExecutor:
         self.clock.advance(self.cost.host_schedule.predict(features))
         start = max(self.clock.now, self.device_free_at)
         seconds = self.cost.forward.predict(features)
+        seconds += self.serving.tick_extra(features, seconds)
         end = start + seconds
         self.device_free_at = end
         self.busy_seconds += seconds

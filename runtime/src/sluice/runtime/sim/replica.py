@@ -137,9 +137,10 @@ class SimReplica:
         facts = calibration.model
         token = filler_token(facts.eos_token_ids, facts.vocab_size)
         self.trace = ScheduleTrace(trace_path, clock=lambda: self.clock.now) if trace_path else None
+        self.serving = calibration.serving
         self.executor = SimExecutor(
             self.clock, calibration.costs.loop(self.overlap), token, record=record_launches,
-            trace=self.trace,
+            trace=self.trace, serving=self.serving,
         )  # fmt: skip
         config = dataclasses.replace(
             scheduler_config(args, self.pool.context_len), check_integrity_when_idle=False
@@ -147,7 +148,8 @@ class SimReplica:
         self.scheduler = Scheduler(
             config, kv_cache(args, self.pool), self.executor, facts.eos_token_ids
         )
-        self._inbox: list[tuple[float, int, SimRequest]] = []  # heap by arrival
+        self._inbox: list[tuple[float, int, SimRequest]] = []  # heap by hand-over time
+        self._front_free = start_time  # when the API server can hand the next request over
         self._seq = 0
         self.traces: dict[str, RequestTrace] = {}
         self.busy = BusyWindow()
@@ -160,7 +162,11 @@ class SimReplica:
 
     # ---- intake -------------------------------------------------------------------------
     def submit(self, req: SimRequest) -> None:
-        heapq.heappush(self._inbox, (req.arrival, self._seq, req))
+        """`req` is sent at `req.arrival`; the scheduler gets it once the API server has
+        handed over the requests sent before it and this one (submit in sending order)."""
+        handed = max(req.arrival, self._front_free) + self.serving.hand_over(len(req.input_ids))
+        self._front_free = handed
+        heapq.heappush(self._inbox, (handed, self._seq, req))
         self._seq += 1
         self.traces[req.rid] = RequestTrace(req.rid, req.arrival, len(req.input_ids), req.max_new_tokens)
         self._open += 1
@@ -239,7 +245,7 @@ class SimReplica:
         out = self.scheduler.take_output()
         if out is None:
             return
-        now = self.clock.now
+        now = self.clock.now + self.serving.return_s  # when the client reads it
         for u in out.updates:
             trace = self.traces.get(u.rid)
             if trace is None:

@@ -42,6 +42,10 @@ class SimulateArgs(WorkloadArgs):
     output_details: bool = option(False, "Add every request's timings to the JSON.")
     model_path: str = option("", "Folder of the tokenizer (default: the calibration's model).")
     warmup_requests: int = option(1, "Short requests sent before the clock starts (as bench_serving).")
+    allow_other_cpu: bool = option(
+        False, "Simulate a CPU calibration measured on another CPU (it then predicts that "
+        "machine, not this one).",
+    )
     schedule_trace: str = option(
         "", "Write every request the simulated scheduler receives and every batch it launches "
         "here (JSON lines: `sluice serve --schedule-trace`'s layout, on the virtual clock).",
@@ -194,6 +198,10 @@ def main(ns: argparse.Namespace) -> int:
         args = SimulateArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(SimulateArgs)})
         args.validate()
         calibration = Calibration.load(Path(args.calibration))
+        refused = None if args.allow_other_cpu else calibration.other_cpu()
+        refused = refused or (calibration.other_model(args.model_path) if args.model_path else None)
+        if refused:
+            raise ValueError(refused)
         server_args = simulation_server_args(ns, calibration)
     except ValueError as err:
         print(f"sluice simulate: {err}", file=sys.stderr)

@@ -5,9 +5,10 @@ and which term of the model it is.
 
     python -m sluice.runtime.sim.trace_compare REAL.jsonl SIM.jsonl --calibration C.json
 
-Both traces are read from the first request after the warm-up (`--warmup` arrivals, as
-`bench_serving` sends them, are skipped with the forwards that served them), each on its
-own clock with that arrival at 0.
+Both traces are read from the first request after the warm-ups (a server's trace starts
+with its own warm-up generation and `bench_serving`'s warm-up request, the simulator's with
+the latter only: `--real-warmup 2`, `--sim-warmup 1`), each on its own clock with that
+arrival at 0.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from sluice.runtime.scheduler.schedule_trace import read_trace
 from sluice.runtime.sim.cost_model import LoopCost
 
 KINDS = ("decode", "prefill", "mixed")
+REAL_WARMUPS = 2  # the server's own warm-up generation, then bench_serving's warm-up request
+SIM_WARMUPS = 1  # bench_serving's, as `sluice simulate` replays it
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
         cost = Calibration.load(Path(ns.calibration)).costs.loop(ns.overlap)
     try:
-        result = compare(Trace.read(ns.real, ns.warmup), Trace.read(ns.sim, ns.warmup), cost)
+        result = compare(Trace.read(ns.real, ns.real_warmup), Trace.read(ns.sim, ns.sim_warmup), cost)
     except ValueError as err:
         print(f"trace_compare: {err}", file=sys.stderr)
         return 2

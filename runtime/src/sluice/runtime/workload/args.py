@@ -28,6 +28,11 @@ class WorkloadArgs:
         16, "multi-prefix: distinct prefixes (of --shared-prefix-len tokens), each used "
         "--num-prompts / --num-prefixes times, in a shuffled order.",
     )
+    long_fraction: float = option(
+        0.25, "long-short: the share of long prompts with short answers (prompts up to "
+        "--random-input-len, answers up to --random-output-min); the others are short prompts "
+        "(up to --random-input-min) with long answers (up to --random-output-len).",
+    )
     seed: int = option(1, "Seed for lengths, prompts and arrivals.")
     request_rate: float = option(math.inf, "Requests per second, Poisson arrivals (inf: all at t=0).")
     max_concurrency: int = option(0, "Most requests in flight at once (0: no cap).")
@@ -51,6 +56,11 @@ class WorkloadArgs:
             self.num_prefixes < 1 or self.num_prompts % self.num_prefixes
         ):
             problems.append("multi-prefix: --num-prompts must be a multiple of --num-prefixes")
+        if self.dataset_name == "long-short" and (
+            self.random_input_min < 1 or self.random_output_min < 1 or not 0.0 <= self.long_fraction <= 1.0
+        ):
+            problems.append("long-short: --random-input-min and --random-output-min must be >= 1 "
+                            "and --long-fraction in [0, 1]")  # fmt: skip
         if self.random_input_min > self.random_input_len or self.random_output_min > self.random_output_len:
             problems.append("--random-*-min must not exceed --random-*-len")
         return problems
@@ -79,4 +89,6 @@ def build_dataset(
             tokenizer, num_prefixes=args.num_prefixes, prefix_len=args.shared_prefix_len, **common
         )
         return requests, {"ideal_cached_tokens": ideal}
+    if args.dataset_name == "long-short":
+        return dataset.sample_long_short_requests(tokenizer, long_fraction=args.long_fraction, **common), {}
     return dataset.sample_random_requests(tokenizer, **common), {}

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-DATASETS = ("random", "shared-prefix", "multi-prefix")
+DATASETS = ("random", "shared-prefix", "multi-prefix", "long-short")
 # Put between the shared prefix and each request's own part, so that the prefix ends on a
 # token boundary for the usual pre-tokenizers.
 PREFIX_SEPARATOR = "\n\n"
@@ -227,6 +227,37 @@ def sample_multi_prefix_requests(
         n = len(_encode(tokenizer, prompt))
         requests.append(BenchRequest(prompt, n, output_lens[i], prefix_id=pid))
     return requests, ideal_cached_tokens(tokenizer, requests)
+
+
+def sample_long_short_requests(
+    tokenizer: Any,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    seed: int,
+    input_min: int = 0,
+    output_min: int = 0,
+    long_fraction: float = 0.25,
+) -> list[BenchRequest]:
+    """Two kinds of request, mixed in a random order: a `long_fraction` share of long
+    prompts with short answers (prompts up to `input_len`, answers up to `output_min`), the
+    rest short prompts with long answers (prompts up to `input_min`, answers up to
+    `output_len`); each length uniform in [`range_ratio` x its longest, its longest]."""
+    if input_min < 1 or output_min < 1:
+        raise ValueError("long-short: --random-input-min (the longest short prompt) and "
+                         "--random-output-min (the longest short answer) must be >= 1")  # fmt: skip
+    rng = np.random.default_rng([seed, 5])
+    pool = token_pool(tokenizer)
+    is_long = rng.random(num_prompts) < long_fraction
+    requests = []
+    for long in is_long:
+        prompt_max, out_max = (input_len, output_min) if long else (input_min, output_len)
+        [n_in] = sample_lengths(rng, prompt_max, range_ratio, 1)
+        [n_out] = sample_lengths(rng, out_max, range_ratio, 1)
+        text, real = random_text(tokenizer, pool, n_in, rng)
+        requests.append(BenchRequest(prompt=text, prompt_len=real, output_len=n_out))
+    return requests
 
 
 def ideal_cached_tokens(tokenizer: Any, requests: Sequence[BenchRequest]) -> int:

@@ -32,6 +32,8 @@ DEFAULT_POLICIES = ("hpa:queueDepth=2", "hpa:queueDepth=8", "hpa:kvTokenUsage=0.
 class PlanArgs:
     calibration: str = option("calibration.json", "The file `sluice calibrate` wrote.")
     output_file: str = option("", "Write the per-policy results (and per-minute timelines) as JSON here.")
+    allow_other_cpu: bool = option(False, "Plan with a CPU calibration measured on another CPU (it then "
+                                   "plans for that machine, not this one).")  # fmt: skip
     trace_file: str = option("", "Requests per second for each minute: one value per line (or "
                              "`minute,rate`), or a JSON list. Overrides --traffic.")  # fmt: skip
     traffic: str = option("bursty", "Generated trace when no --trace-file.", TRAFFIC_KINDS)
@@ -192,6 +194,9 @@ def main(ns: argparse.Namespace) -> int:
         args = PlanArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(PlanArgs)})
         args.validate()
         calibration = Calibration.load(Path(args.calibration))
+        refused = None if args.allow_other_cpu else calibration.other_cpu()
+        if refused:
+            raise ValueError(refused)
         server_args = server_args_from(ns, SCHEDULING_FLAGS)
         began = time.perf_counter()
         doc = run_plan(args, server_args, calibration)
