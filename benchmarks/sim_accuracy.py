@@ -1,13 +1,15 @@
 """How close `sluice simulate` comes to the real server, on this machine, in one run.
 
-    python -m benchmarks.sim_accuracy [--workloads all] [--output-file acc.json]
+    python -m benchmarks.sim_accuracy [--workloads all] [--trace] [--output-file acc.json]
 
-1. `sluice calibrate` (the machine's step-time model);
-2. for each workload: `bench_serving --launch-server` (the real server, no peers), then
-   `sluice simulate` with the same workload and server flags;
+1. `sluice calibrate` (the machine's step-time model and its served phase);
+2. for each workload, once the 1-minute load average is under `--quiet-load` (0.5):
+   `bench_serving --launch-server` (the real server, no peers), then `sluice simulate` with
+   the same workload and server flags; with `--trace` both write their schedule traces and
+   their tick-by-tick comparison is printed (`sim.trace_compare`);
 3. a table of output throughput, mean TTFT and mean E2E, real against simulated, with the
-   issue's bounds (15%, 30%, 20%), and the load average around each run (the machine may
-   be shared: other load slows the real server and not the simulation).
+   issue's bounds (15%, 30%, 20%), the machine's CPU and flags, and the load average
+   before and after each run.
 
 None of the workloads is one the calibration ran: it fits on its own request patterns.
 """
@@ -23,8 +25,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.runtime.sim.calibration import Calibration
+from sluice.runtime.sim.calibration import Calibration, cpu_identity
 from sluice.runtime.sim.trace_compare import (
+    REAL_WARMUPS,
+    SIM_WARMUPS,
     Trace,
     compare,
     format_comparison,
@@ -172,7 +176,8 @@ def main() -> int:
         p.error(f"--workloads: choose from {', '.join(w.name for w in WORKLOADS)} or all")
     if args.num_prompts:
         chosen = [with_prompts(w, args.num_prompts) for w in chosen]
-    report: dict = {"load_average": {"start": load()}, "workloads": []}
+    report: dict = {"machine": cpu_identity(), "load_average": {"start": load()}, "workloads": []}
+    print(machine_line(report["machine"]), flush=True)
     cal = Path(args.calibration) if args.calibration else folder / "calibration.json"
     if not args.calibration:
         if args.quiet_load > 0:
@@ -224,13 +229,14 @@ def main() -> int:
         if args.trace:
             calibration = Calibration.load(cal)
             ticks = compare(
-                Trace.read(real_trace),
-                Trace.read(sim_trace),
+                Trace.read(real_trace, REAL_WARMUPS),
+                Trace.read(sim_trace, SIM_WARMUPS),
                 calibration.costs.loop(s["simulation"]["loop"] == "overlap"),
             )
             row["ticks"] = ticks
             print(format_comparison(ticks), flush=True)
     report["load_average"]["end"] = load()
+    print(machine_line(report["machine"]))
     print(format_table(report))
     if args.output_file:
         Path(args.output_file).write_text(json.dumps(report, indent=2) + "\n")
@@ -242,6 +248,10 @@ def with_prompts(w: Workload, n: int) -> Workload:
     flags = list(w.flags)
     flags[flags.index("--num-prompts") + 1] = str(n)
     return Workload(w.name, f"{w.what} (here {n} requests)", tuple(flags), w.server_flags)
+
+
+def machine_line(m: dict) -> str:
+    return f"machine: {m['cpu']}, {m['cores']} cores, flags {' '.join(m['cpu_flags']) or '(no AVX-512/AMX)'}"
 
 
 def format_row(row: dict) -> str:

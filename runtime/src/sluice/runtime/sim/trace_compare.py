@@ -35,6 +35,13 @@ class Forward:
     end: float
     seconds: float
     features: BatchFeatures
+    rows: tuple[tuple[int, int, int], ...] = ()  # (row, start, length) of each request row
+
+    def continued_by(self, nxt: Forward) -> bool:
+        """Whether `nxt` computes the next position of a request this one computed (so the
+        scheduler was busy between them, not idle)."""
+        ends = {row: start + length for row, start, length in self.rows}
+        return any(ends.get(row) == start for row, start, _ in nxt.rows)
 
     @property
     def kind(self) -> str:
@@ -59,7 +66,7 @@ class Trace:
         names = BatchFeatures.__dataclass_fields__
         forwards = [
             Forward(e["submitted"] - t0, e["end"] - t0, e["seconds"],
-                    BatchFeatures(**{k: e[k] for k in names}))
+                    BatchFeatures(**{k: e[k] for k in names}), tuple((r[0], r[1], r[2]) for r in e["rows"]))
             for e in events if e["event"] == "forward" and e["end"] >= t0
         ]  # fmt: skip
         return cls([(a["t"] - t0, a["prompt_tokens"]) for a in arrivals], forwards)
@@ -68,16 +75,18 @@ class Trace:
     def span(self) -> float:
         return self.forwards[-1].end if self.forwards else 0.0
 
-    def intervals(self) -> list[float]:
-        """Each tick's length: its launch to the next one's (the last: to its end)."""
+    def intervals(self) -> list[float | None]:
+        """Each tick's length, its launch to the next one's, where the next one continues a
+        request of this one; None where the scheduler may have gone idle in
+        between (the next tick only starts new requests) and for the last tick."""
         f = self.forwards
-        return [b.submitted - a.submitted for a, b in zip(f, f[1:], strict=False)] + (
-            [f[-1].end - f[-1].submitted] if f else []
-        )
+        return [b.submitted - a.submitted if a.continued_by(b) else None
+                for a, b in zip(f, f[1:], strict=False)] + ([None] if f else [])  # fmt: skip
 
 
-def _mean(xs: list[float]) -> float:
-    return statistics.fmean(xs) if xs else 0.0
+def _mean(xs: list[float | None]) -> float:
+    known = [x for x in xs if x is not None]
+    return statistics.fmean(known) if known else 0.0
 
 
 def compare(real: Trace, sim: Trace, cost: LoopCost | None = None) -> dict[str, Any]:
@@ -108,9 +117,10 @@ def compare(real: Trace, sim: Trace, cost: LoopCost | None = None) -> dict[str, 
             if cost is not None and name == "real" and idx:
                 ratios = [tr.forwards[i].seconds / max(cost.forward.predict(tr.forwards[i].features), 1e-9)
                           for i in idx]  # fmt: skip
-                host = [ivals[i] - tr.forwards[i].seconds for i in idx]
+                host = [v - tr.forwards[i].seconds if (v := ivals[i]) is not None else None for i in idx]
                 model_host = [cost.host_schedule.predict(tr.forwards[i].features)
-                              + cost.host_process.predict(tr.forwards[i].features) for i in idx]  # fmt: skip
+                              + cost.host_process.predict(tr.forwards[i].features)
+                              if ivals[i] is not None else None for i in idx]  # fmt: skip
                 entry["real_over_model_forward"] = statistics.median(ratios)
                 entry["mean_host_ms"] = 1000 * _mean(host)
                 entry["model_host_ms"] = 1000 * _mean(model_host)
@@ -161,7 +171,16 @@ def main(argv: list[str] | None = None) -> int:
         "--overlap", action="store_true", help="the overlap loop's costs (default: normal)"
     )
     p.add_argument(
-        "--warmup", type=int, default=1, help="warm-up requests at the start of each trace"
+        "--real-warmup",
+        type=int,
+        default=REAL_WARMUPS,
+        help="warm-up requests the server's trace starts with",
+    )
+    p.add_argument(
+        "--sim-warmup",
+        type=int,
+        default=SIM_WARMUPS,
+        help="warm-up requests the simulator's trace starts with",
     )
     ns = p.parse_args(argv)
     cost = None
@@ -170,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
 
         cost = Calibration.load(Path(ns.calibration)).costs.loop(ns.overlap)
     try:
-        result = compare(Trace.read(ns.real, ns.real_warmup), Trace.read(ns.sim, ns.sim_warmup), cost)
+        result = compare(
+            Trace.read(ns.real, ns.real_warmup), Trace.read(ns.sim, ns.sim_warmup), cost
+        )
     except ValueError as err:
         print(f"trace_compare: {err}", file=sys.stderr)
         return 2
