@@ -58,8 +58,7 @@ def _plan(
     pool = dataset.token_pool(tokenizer)
 
     def req(n: int, out: int) -> dataset.BenchRequest:
-        text, real = dataset.random_text(tokenizer, pool, n, rng)
-        return dataset.BenchRequest(prompt=text, prompt_len=real, output_len=out)
+        return dataset.random_request(tokenizer, pool, n, out, rng)
 
     lens = sorted({min(max(8, int(n * scale)), context_len - 16) for n in SINGLE_PROMPT_LENS})
     # the first request: the server's first generation of a shape pays one-time costs

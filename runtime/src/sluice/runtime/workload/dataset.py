@@ -124,6 +124,14 @@ def random_text(
     return text, len(_encode(tokenizer, text))
 
 
+def random_request(
+    tokenizer: Any, pool: np.ndarray, prompt_len: int, output_len: int, rng: np.random.Generator
+) -> BenchRequest:
+    """A request of `random_text` (`prompt_len` tokens as it re-encodes) and `output_len`."""
+    text, real = random_text(tokenizer, pool, prompt_len, rng)
+    return BenchRequest(prompt=text, prompt_len=real, output_len=output_len)
+
+
 def sample_random_requests(
     tokenizer: Any,
     num_prompts: int,
@@ -138,11 +146,10 @@ def sample_random_requests(
     input_lens = sample_lengths(rng, input_len, range_ratio, num_prompts, input_min)
     output_lens = sample_lengths(rng, output_len, range_ratio, num_prompts, output_min)
     pool = token_pool(tokenizer)
-    requests = []
-    for n_in, n_out in zip(input_lens, output_lens, strict=True):
-        text, real = random_text(tokenizer, pool, n_in, rng)
-        requests.append(BenchRequest(prompt=text, prompt_len=real, output_len=n_out))
-    return requests
+    return [
+        random_request(tokenizer, pool, n_in, n_out, rng)
+        for n_in, n_out in zip(input_lens, output_lens, strict=True)
+    ]
 
 
 def sample_shared_prefix_requests(
@@ -209,7 +216,9 @@ def sample_multi_prefix_requests(
     rng = np.random.default_rng([seed, 3])
     pool = token_pool(tokenizer)
     if num_prefixes > len(pool):
-        raise ValueError(f"the tokenizer has {len(pool)} tokens, fewer than {num_prefixes} prefixes")
+        raise ValueError(
+            f"the tokenizer has {len(pool)} tokens, fewer than {num_prefixes} prefixes"
+        )
     first_tokens = rng.choice(pool, size=num_prefixes, replace=False)
     prefixes = []
     for first in first_tokens:
@@ -255,8 +264,7 @@ def sample_long_short_requests(
         prompt_max, out_max = (input_len, output_min) if long else (input_min, output_len)
         [n_in] = sample_lengths(rng, prompt_max, range_ratio, 1)
         [n_out] = sample_lengths(rng, out_max, range_ratio, 1)
-        text, real = random_text(tokenizer, pool, n_in, rng)
-        requests.append(BenchRequest(prompt=text, prompt_len=real, output_len=n_out))
+        requests.append(random_request(tokenizer, pool, n_in, n_out, rng))
     return requests
 
 
