@@ -164,7 +164,7 @@ def resolve_model_path(args: BenchArgs) -> Path:
     if Path(args.model).is_dir():
         return Path(args.model)
     try:  # the runtime's own resolution: the bundled name or a GGUF file -> its cache folder
-        from sluice.runtime.model.loader import default_cache_dir
+        from sluice.runtime.cache_dir import default_cache_dir
         from sluice.runtime.model.loader import resolve_model_path as runtime_resolve
     except ImportError as exc:
         raise SystemExit(

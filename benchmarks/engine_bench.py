@@ -26,9 +26,10 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.serving import dataset  # noqa: E402
+from sluice.runtime.cache_dir import default_cache_dir
 from sluice.runtime.engine.model_worker import ModelWorker  # noqa: E402
 from sluice.runtime.ipc.messages import SamplingParams, TokenizedGenerateReq  # noqa: E402
-from sluice.runtime.model.loader import default_cache_dir, resolve_model_path  # noqa: E402
+from sluice.runtime.model.loader import resolve_model_path  # noqa: E402
 from sluice.runtime.scheduler.process import build_scheduler  # noqa: E402
 from sluice.runtime.server_args import ServerArgs  # noqa: E402
 

@@ -36,12 +36,13 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
+from sluice.runtime.cache_dir import default_cache_dir
 from sluice.runtime.engine.forward_input import ForwardInput, RowInput  # noqa: E402
 from sluice.runtime.engine.model_worker import ModelWorker  # noqa: E402
 from sluice.runtime.ipc.messages import SamplingParams, TokenizedGenerateReq  # noqa: E402
 from sluice.runtime.lora.adapter import module_shapes  # noqa: E402
 from sluice.runtime.model.config import ModelConfig  # noqa: E402
-from sluice.runtime.model.loader import default_cache_dir, resolve_model_path  # noqa: E402
+from sluice.runtime.model.loader import resolve_model_path  # noqa: E402
 from sluice.runtime.model.registry import read_model_config  # noqa: E402
 from sluice.runtime.scheduler.process import build_scheduler  # noqa: E402
 from sluice.runtime.server_args import ServerArgs  # noqa: E402

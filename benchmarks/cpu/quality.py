@@ -26,8 +26,9 @@ import httpx
 import torch
 
 from benchmarks.cpu.step import Runner, load
+from sluice.runtime.cache_dir import default_cache_dir
 from sluice.runtime.forward import ForwardMode
-from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
+from sluice.runtime.model.loader import load_tokenizer, resolve_model_path
 
 PROMPTS = [
     "What is the capital of France?",

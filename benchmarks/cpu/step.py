@@ -21,11 +21,12 @@ from pathlib import Path
 
 import torch
 
+from sluice.runtime.cache_dir import default_cache_dir
 from sluice.runtime.constants import QUANTIZATIONS
 from sluice.runtime.forward import ForwardBatch, ForwardMode
 from sluice.runtime.memory.kv_buffers import KVBuffers
 from sluice.runtime.model import cpu_fused_ops
-from sluice.runtime.model.loader import default_cache_dir, load_model, resolve_model_path
+from sluice.runtime.model.loader import load_model, resolve_model_path
 from sluice.runtime.model.quantization import quantize_model
 
 # a quantization runs on bf16 activations

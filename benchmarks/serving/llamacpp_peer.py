@@ -64,7 +64,8 @@ def source_gguf(model: str) -> Path:
 
         return bundled_gguf_path()
     if model in (constants.BUNDLED_GEMMA3_NAME, constants.BUNDLED_GEMMA3_URI):
-        from sluice.runtime.model.loader import bundled_gemma3_gguf_path, default_cache_dir
+        from sluice.runtime.cache_dir import default_cache_dir
+        from sluice.runtime.model.loader import bundled_gemma3_gguf_path
 
         return bundled_gemma3_gguf_path(default_cache_dir())
     if model.endswith(".gguf") and Path(model).is_file():
@@ -79,7 +80,7 @@ def gguf_for(name: str, model: str, cache_dir: Path | None) -> Path:
         return source
     if name != "llamacpp-q8_0":
         raise ValueError(f"unknown llama.cpp peer {name!r}")
-    from sluice.runtime.model.loader import default_cache_dir
+    from sluice.runtime.cache_dir import default_cache_dir
 
     target = (cache_dir or default_cache_dir()) / "llamacpp" / f"{source.stem}.requant-Q8_0.gguf"
     if target.is_file():

@@ -46,7 +46,8 @@ MAX_NEW = 32
 
 @pytest.fixture(scope="module")
 def gemma3_folder() -> Path:
-    from sluice.runtime.model.loader import default_cache_dir, resolve_model_path
+    from sluice.runtime.cache_dir import default_cache_dir
+    from sluice.runtime.model.loader import resolve_model_path
 
     return resolve_model_path(constants.BUNDLED_GEMMA3_NAME, default_cache_dir())
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import uvicorn
 
+from sluice.runtime.cache_dir import default_cache_dir
 from sluice.runtime.constants import BUNDLED_MODELS
 from sluice.runtime.detokenizer.process import run_detokenizer_process
 from sluice.runtime.distributed.topology import RankSpec, node_ranks
@@ -39,7 +40,7 @@ from sluice.runtime.entrypoints.tokenizer_manager import WARMUP_RID, TokenizerMa
 from sluice.runtime.ipc.messages import SamplingParams, SchedulerReady
 from sluice.runtime.ipc.sockets import PortArgs
 from sluice.runtime.metrics import MetricsCollector
-from sluice.runtime.model.loader import default_cache_dir, load_tokenizer, resolve_model_path
+from sluice.runtime.model.loader import load_tokenizer, resolve_model_path
 from sluice.runtime.model.registry import architecture_for, read_model_config
 from sluice.runtime.model.sharding import tensor_parallel_problem
 from sluice.runtime.scheduler.process import run_scheduler_process

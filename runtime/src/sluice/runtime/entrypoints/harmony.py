@@ -23,9 +23,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice.runtime.cache_dir import default_cache_dir
 from sluice.runtime.entrypoints.choice_output import OutputPieces
 from sluice.runtime.entrypoints.tool_parsers.base import ToolCallDelta, new_call_id
-from sluice.runtime.model.loader import default_cache_dir
 
 VOCAB_ENV = "TIKTOKEN_ENCODINGS_BASE"
 VOCAB_FILE = "o200k_base.tiktoken"

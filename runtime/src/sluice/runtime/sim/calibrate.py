@@ -211,10 +211,11 @@ def run_calibration(
 ) -> Calibration:
     import torch
 
+    from sluice.runtime.cache_dir import default_cache_dir
     from sluice.runtime.engine.model_worker import ModelWorker
     from sluice.runtime.ipc.messages import SamplingParams, TokenizedGenerateReq
     from sluice.runtime.memory.kv_buffers import bytes_per_token
-    from sluice.runtime.model.loader import default_cache_dir, resolve_model_path
+    from sluice.runtime.model.loader import resolve_model_path
     from sluice.runtime.scheduler.process import build_scheduler
     from sluice.runtime.sim.profile import Profiler, scenarios, warmup_scenario
 
