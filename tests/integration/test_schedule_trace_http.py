@@ -36,6 +36,10 @@ def test_the_trace_holds_what_the_server_was_sent(tiny_llama_path, tmp_path):
     arrivals = [e for e in events if e["event"] == "arrival"]
     # the server's own warm-up generation first, then ours in the order sent (one at a time)
     assert [a["prompt_tokens"] for a in arrivals[1:]] == [len(p) for p in PROMPTS]
+    # handed over by the API server (its wall clock, put on the monotonic one) before the
+    # scheduler took it in, and after the previous request was taken in (sent one at a time)
+    for prev, a in zip(arrivals, arrivals[1:], strict=False):
+        assert prev["t"] < a["handed"] <= a["t"] + 1e-3, (prev, a)
     ours = [e for e in events if e["event"] == "forward" and e["submitted"] >= arrivals[1]["t"]]
     assert sum(e["prefill_tokens"] for e in ours) == sum(len(p) for p in PROMPTS)
     assert sum(e["decode_rows"] for e in ours) == sum(n - 1 for n in MAX_NEW)

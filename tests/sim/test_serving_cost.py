@@ -61,6 +61,9 @@ def test_a_burst_reaches_the_scheduler_one_request_after_another(
     assert first["submitted"] == pytest.approx(1.0 + h[0])
     assert first["prefill_rows"] == 1 and first["prefill_tokens"] == 100
     assert arrivals[1:] == pytest.approx([first["end"] + H_PROC] * 2)
+    # ... though the API server had handed them over one after another, during that forward
+    handed = [e["handed"] for e in events if e["event"] == "arrival"]
+    assert handed == pytest.approx([1.0 + h[0], 1.0 + h[0] + h[1], 1.0 + h[0] + h[1] + h[2]])
     # what the client sees: the first token after its forward, its processing and the return
     tr = r.traces["r0"]
     assert tr.ttft == pytest.approx(h[0] + H_SCHED + forward(100, 1) + H_PROC + SERVING.return_s)

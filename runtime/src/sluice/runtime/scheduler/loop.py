@@ -17,7 +17,7 @@ import zmq
 from sluice.runtime.ipc.messages import SchedulerStats, TokenizedGenerateReq
 from sluice.runtime.ipc.sockets import recv, recv_all_nowait, send
 from sluice.runtime.scheduler.ranks import Tick, TickBroadcaster
-from sluice.runtime.scheduler.schedule_trace import ScheduleTrace
+from sluice.runtime.scheduler.schedule_trace import ScheduleTrace, wall_to_monotonic
 from sluice.runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger("sluice.scheduler")
@@ -101,7 +101,7 @@ def serve_forever(
             followers.publish(Tick(idle, run, False, msgs))
         for msg in msgs:
             if trace is not None and isinstance(msg, TokenizedGenerateReq):
-                trace.arrival(msg.rid, len(msg.input_ids))
+                trace.arrival(msg.rid, len(msg.input_ids), wall_to_monotonic(msg.arrival_time))
             scheduler.handle(msg)
         if run:
             step()

@@ -3,7 +3,7 @@ written by the real server (`sluice serve --schedule-trace FILE`) and by the sim
 (`sluice simulate --schedule-trace FILE`) in the same layout, so the two can be compared
 tick by tick on the same arrivals (`sim.trace_compare`).
 
-    {"event": "arrival", "t": T, "rid": R, "prompt_tokens": N}
+    {"event": "arrival", "t": T, "handed": T, "rid": R, "prompt_tokens": N}
     {"event": "forward", "submitted": T, "end": T, "seconds": S, "rows": [[row, start,
      length, sample, decode], ...], "decode_rows": ..., "prefill_tokens": ..., ...}
 
@@ -40,8 +40,11 @@ class ScheduleTrace:
         if self._fh is not None:
             self._fh.write(json.dumps(record) + "\n")
 
-    def arrival(self, rid: str, prompt_tokens: int, t: float | None = None) -> None:
-        self._write({"event": "arrival", "t": self.clock() if t is None else t,
+    def arrival(self, rid: str, prompt_tokens: int, handed: float) -> None:
+        """The scheduler took `rid` in now; the API server had handed it over at `handed`
+        (on this trace's clock): the loop reads its inbox between ticks, so `t` is a tick
+        boundary and `handed` when the request was really there."""
+        self._write({"event": "arrival", "t": self.clock(), "handed": handed,
                      "rid": rid, "prompt_tokens": prompt_tokens})  # fmt: skip
 
     def forward(self, fi: ForwardInput, submitted: float, end: float, seconds: float) -> None:
@@ -91,6 +94,12 @@ class TracingExecutor(ExecutorWrapper):
             self.inner.close()
         finally:
             self.trace.close()
+
+
+def wall_to_monotonic(wall: float) -> float:
+    """A `time.time()` stamp (what the API server puts on a request it hands over) on the
+    `time.monotonic()` clock of this machine."""
+    return wall - (time.time() - time.monotonic())
 
 
 def read_trace(path: str | Path) -> Iterator[dict[str, Any]]:

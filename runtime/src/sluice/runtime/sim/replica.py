@@ -173,14 +173,14 @@ class SimReplica:
 
     def _deliver_arrived(self) -> None:
         while self._inbox and self._inbox[0][0] <= self.clock.now:
-            _, _, req = heapq.heappop(self._inbox)
+            handed, _, req = heapq.heappop(self._inbox)
             params = SamplingParams(
                 max_new_tokens=req.max_new_tokens, temperature=0.0, ignore_eos=req.ignore_eos
             )
             # the scheduler reads arrival_time with `or time.time()`: keep it positive
             msg = TokenizedGenerateReq(req.rid, list(req.input_ids), params, req.arrival + 1e-9)
             if self.trace is not None:
-                self.trace.arrival(req.rid, len(req.input_ids))
+                self.trace.arrival(req.rid, len(req.input_ids), handed)
             self.scheduler.handle(msg)
             self.delivered_at_step[req.rid] = self.steps
 

@@ -54,6 +54,7 @@ class Forward:
 @dataclass(frozen=True)
 class Trace:
     arrivals: list[tuple[float, int]]  # (t, prompt tokens), from the first request at 0
+    handed: list[float]  # when the API server handed each over (same origin)
     forwards: list[Forward]
 
     @classmethod
@@ -69,7 +70,8 @@ class Trace:
                     BatchFeatures(**{k: e[k] for k in names}), tuple((r[0], r[1], r[2]) for r in e["rows"]))
             for e in events if e["event"] == "forward" and e["end"] >= t0
         ]  # fmt: skip
-        return cls([(a["t"] - t0, a["prompt_tokens"]) for a in arrivals], forwards)
+        return cls([(a["t"] - t0, a["prompt_tokens"]) for a in arrivals],
+                   [a.get("handed", a["t"]) - t0 for a in arrivals], forwards)  # fmt: skip
 
     @property
     def span(self) -> float:
@@ -99,6 +101,7 @@ def compare(real: Trace, sim: Trace, cost: LoopCost | None = None) -> dict[str, 
         out[name] = {
             "requests": len(tr.arrivals),
             "arrival_spread_s": tr.arrivals[-1][0] - tr.arrivals[0][0],
+            "handed_spread_s": max(tr.handed) - min(tr.handed),
             "median_arrival_gap_ms": 1000 * statistics.median(gaps) if gaps else 0.0,
             "ticks": len(tr.forwards),
             "span_s": tr.span,
@@ -140,9 +143,10 @@ def compare(real: Trace, sim: Trace, cost: LoopCost | None = None) -> dict[str, 
 def format_comparison(c: dict[str, Any]) -> str:
     r, s = c["real"], c["sim"]
     lines = [
-        f"requests {r['requests']}; arrivals spread over {1000 * r['arrival_spread_s']:.1f} ms real, "
-        f"{1000 * s['arrival_spread_s']:.1f} ms simulated (median gap {r['median_arrival_gap_ms']:.2f} / "
-        f"{s['median_arrival_gap_ms']:.2f} ms)",
+        f"requests {r['requests']}; handed over within {1000 * r['handed_spread_s']:.1f} ms real, "
+        f"{1000 * s['handed_spread_s']:.1f} ms simulated; taken in by the scheduler over "
+        f"{1000 * r['arrival_spread_s']:.1f} / {1000 * s['arrival_spread_s']:.1f} ms (median gap "
+        f"{r['median_arrival_gap_ms']:.2f} / {s['median_arrival_gap_ms']:.2f} ms)",
         f"ticks {r['ticks']} / {s['ticks']}; busy span {r['span_s']:.2f} / {s['span_s']:.2f} s; forward time "
         f"{r['forward_s']:.2f} / {s['forward_s']:.2f} s; identical batches from the start: "
         f"{c['same_batches_from_start']}",
