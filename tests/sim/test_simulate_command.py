@@ -102,6 +102,20 @@ def test_flags_of_gives_back_the_values_the_parser_reads():
     assert {n: getattr(ns, n) for n in names} == {n: getattr(chosen, n) for n in names}
 
 
+def test_flags_of_refuses_a_value_no_flag_can_give():
+    from dataclasses import dataclass
+
+    from sluice.runtime.dataclass_cli import flags_of, option
+
+    @dataclass(frozen=True)
+    class OnByDefault:
+        warm: bool = option(True, "on unless ...")
+
+    assert flags_of(OnByDefault()) == []
+    with pytest.raises(ValueError, match="--warm defaults to True"):
+        flags_of(OnByDefault(warm=False))
+
+
 def test_a_calibration_from_another_cpu_or_model_is_refused_in_one_line(calibration_file, tmp_path, capsys):
     import dataclasses
 
@@ -130,7 +144,15 @@ def test_a_calibration_from_another_cpu_or_model_is_refused_in_one_line(calibrat
 
 
 def test_calibrate_records_what_its_calibration_holds_for():
+    import os
+    from pathlib import Path
+
     from sluice.runtime.sim.calibration import PERF_CPU_FLAGS, cpu_identity
 
     here = cpu_identity()
-    assert here["cores"] and set(here["cpu_flags"]) <= set(PERF_CPU_FLAGS)
+    # against the kernel's own record: the first flags line and model name of /proc/cpuinfo
+    text = Path("/proc/cpuinfo").read_text()
+    flags = set(next(line for line in text.splitlines() if line.startswith("flags")).split(":", 1)[1].split())
+    name = next(line for line in text.splitlines() if line.startswith("model name")).split(":", 1)[1].strip()
+    assert here["cpu_flags"] == [f for f in PERF_CPU_FLAGS if f in flags]
+    assert (here["cpu"], here["cores"]) == (name, os.cpu_count())

@@ -69,7 +69,9 @@ def flags_of(obj: Any, only: tuple[str, ...] | None = None) -> list[str]:
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
-            out += [flag] if value else []
+            if not value:  # a store_true flag cannot say False
+                raise ValueError(f"{flag} defaults to True: no flag turns it off")
+            out.append(flag)
         elif str(f.type) == "tuple[str, ...]":
             out += [flag, *value] if value else []
         else:

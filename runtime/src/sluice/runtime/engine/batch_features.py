@@ -9,7 +9,8 @@ plus a prefill chunk in one forward) are just both kinds at once.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from sluice.runtime.engine.forward_input import ForwardInput, RowInput
 
@@ -61,3 +62,9 @@ class BatchFeatures:
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> BatchFeatures:
+        """The features a record holds under `to_dict`'s keys (a schedule trace's forward
+        line, a calibration point); other keys are ignored."""
+        return cls(**{f.name: record[f.name] for f in fields(cls)})

@@ -47,10 +47,19 @@ class ScheduleTrace:
         self._write({"event": "arrival", "t": self.clock(), "handed": handed,
                      "rid": rid, "prompt_tokens": prompt_tokens})  # fmt: skip
 
-    def forward(self, fi: ForwardInput, submitted: float, end: float, seconds: float) -> None:
+    def forward(
+        self,
+        fi: ForwardInput,
+        submitted: float,
+        end: float,
+        seconds: float,
+        features: BatchFeatures | None = None,
+    ) -> None:
+        """`features`: `BatchFeatures.of(fi)` where the caller has it already."""
         rows = [[r.row, r.start, r.length, r.sample, is_decode_row(r)] for r in fi.rows]
+        features = features or BatchFeatures.of(fi)
         self._write({"event": "forward", "submitted": submitted, "end": end, "seconds": seconds,
-                     "rows": rows, **BatchFeatures.of(fi).to_dict()})  # fmt: skip
+                     "rows": rows, **features.to_dict()})  # fmt: skip
 
     def close(self) -> None:
         if self._fh is not None:

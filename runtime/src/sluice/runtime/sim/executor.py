@@ -137,7 +137,7 @@ class SimExecutor:
             self.clock.advance_to(fut.end)
             self.pending_host += process
             if self.trace is not None:  # as the server's TracingExecutor: when it is read
-                self.trace.forward(fi, submitted, self.clock.now, seconds)
+                self.trace.forward(fi, submitted, self.clock.now, seconds, features)
 
         fut = SimFuture(end, on_read)
         n = len(fi.sampling)

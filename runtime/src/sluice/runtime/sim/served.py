@@ -75,7 +75,7 @@ async def _drive(
     model = await client.fetch_model_id(base_url) or ""
     config = client.LoadConfig(url=base_url.rstrip("/") + client.COMPLETIONS_PATH, model=model)
     sent: list[SentRequest] = []
-    async with client._client() as http:
+    async with client.http_client() as http:
         for phase, reqs in phases:
             results = await asyncio.gather(
                 *(client.send_request(http, config, r, 0.0) for r in reqs)
@@ -102,10 +102,7 @@ def fit_serving(
 ) -> ServedMeasurement:
     """`ServingCost` from a served phase's trace and what its client saw."""
     arrivals = [e["t"] for e in events if e["event"] == "arrival"]
-    names = BatchFeatures.__dataclass_fields__
-    forwards = [
-        (e, BatchFeatures(**{k: e[k] for k in names})) for e in events if e["event"] == "forward"
-    ]
+    forwards = [(e, BatchFeatures.from_record(e)) for e in events if e["event"] == "forward"]
 
     # 1. hand-over and return, from the single requests (the server idle before each)
     hand: list[tuple[int, float]] = []

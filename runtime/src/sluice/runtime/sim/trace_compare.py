@@ -64,10 +64,9 @@ class Trace:
         if not arrivals:
             raise ValueError(f"{path}: no arrivals after the {warmup} warm-up request(s)")
         t0 = arrivals[0]["t"]
-        names = BatchFeatures.__dataclass_fields__
         forwards = [
             Forward(e["submitted"] - t0, e["end"] - t0, e["seconds"],
-                    BatchFeatures(**{k: e[k] for k in names}), tuple((r[0], r[1], r[2]) for r in e["rows"]))
+                    BatchFeatures.from_record(e), tuple((r[0], r[1], r[2]) for r in e["rows"]))
             for e in events if e["event"] == "forward" and e["end"] >= t0
         ]  # fmt: skip
         return cls([(a["t"] - t0, a["prompt_tokens"]) for a in arrivals],

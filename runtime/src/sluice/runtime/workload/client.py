@@ -188,7 +188,7 @@ async def send_request(
     return reader.result(request, end=time.perf_counter(), send_time=start - bench_start)
 
 
-def _client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+def http_client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     return httpx.AsyncClient(
         timeout=httpx.Timeout(None, connect=30.0), limits=limits, transport=transport
@@ -200,7 +200,7 @@ async def warm_up(config: LoadConfig, request: BenchRequest, count: int) -> None
     succeeds (a server that cannot answer one request is not worth timing)."""
     if count < 1:
         return
-    async with _client() as client:
+    async with http_client() as client:
         now = time.perf_counter()
         results = await asyncio.gather(
             *(send_request(client, config, request, now) for _ in range(count))
@@ -223,7 +223,7 @@ async def run_load(
     done = 0
     step = max(1, len(requests) // 10)
 
-    async with _client(transport) as client:
+    async with http_client(transport) as client:
         bench_start = time.perf_counter()
 
         async def one(request: BenchRequest, offset: float) -> RequestResult:
