@@ -90,6 +90,7 @@ FLOORS = {
     "stop_match": 1, "memory": 1, "ipc": 1, "distributed": 1, "kernels": 1,
     # 2: the types every layer reads, and the processes that need no model
     "forward": 2, "constrained": 2, "detokenizer": 2, "metrics": 2, "workload": 2, "router": 2,
+    "disagg": 2,  # the KV transfer between a prefill and a decode server
     "attention": 3,
     "model": 4,
     "lora": 5,

@@ -86,7 +86,7 @@ class FakeTM:
     def server_info(self) -> dict[str, Any]:
         return {"context_len": self.context_len, "inflight_requests": 0}
 
-    async def generate(self, input_ids, sampling, rid=None):
+    async def generate(self, input_ids, sampling, rid=None, handoff=None):
         if self.reject:
             raise ValueError(self.reject)
         self.requests.append((list(input_ids), sampling, rid))

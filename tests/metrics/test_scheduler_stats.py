@@ -54,6 +54,9 @@ class FakeScheduler:
         times, self.queue_times = self.queue_times, []
         return times
 
+    def take_transfer_seconds(self) -> list[float]:
+        return []
+
 
 def test_the_first_poll_publishes_then_only_changes_or_the_interval():
     sched, pub = FakeScheduler(), StatsPublisher()

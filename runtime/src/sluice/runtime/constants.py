@@ -86,6 +86,13 @@ METRIC_GENERATION_THROUGHPUT = "sluice_generation_throughput_tokens_per_second"
 METRIC_MAX_TOTAL_TOKENS = "sluice_max_total_tokens"
 METRIC_SWA_TOKEN_USAGE = "sluice_swa_token_usage"
 METRIC_SWA_TOTAL_TOKENS = "sluice_swa_total_tokens"
+METRIC_COMPUTED_PROMPT_TOKENS_TOTAL = "sluice_computed_prompt_tokens_total"
+METRIC_QUEUE_PROMPT_TOKENS = "sluice_queue_prompt_tokens"
+METRIC_DISAGG_SENT_TOKENS_TOTAL = "sluice_disagg_sent_tokens_total"
+METRIC_DISAGG_RECEIVED_TOKENS_TOTAL = "sluice_disagg_received_tokens_total"
+METRIC_DISAGG_FAILED_TRANSFERS_TOTAL = "sluice_disagg_failed_transfers_total"
+METRIC_DISAGG_WAITING_REQUESTS = "sluice_disagg_waiting_requests"
+METRIC_DISAGG_TRANSFER_SECONDS = "sluice_disagg_transfer_seconds"
 
 # server counters and histograms
 METRIC_REQUESTS_TOTAL = "sluice_requests_total"
@@ -139,6 +146,9 @@ ITL_BUCKETS_SECONDS = (
 E2E_BUCKETS_SECONDS = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
 )  # fmt: skip
+DISAGG_TRANSFER_BUCKETS_SECONDS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
 QUEUE_TIME_BUCKETS_SECONDS = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 )  # fmt: skip
@@ -162,6 +172,18 @@ ROUTER_WORKER_HEADER = "x-sluice-worker"
 RESPONSES_PATH = "/v1/responses"
 RESPONSE_ID_HEADER = "x-sluice-response-id"
 TOKENIZE_PATHS = ("/tokenize", "/detokenize")
+
+# --- prefill/decode disaggregation -----------------------------------------------------
+# `sluice serve --disaggregation-mode`: "null" serves whole requests (the default); a
+# "prefill" server computes prompts and hands their KV to a "decode" server
+DISAGG_MODES = ("null", "prefill", "decode")
+DISAGG_TRANSFER_BACKENDS = ("tcp",)  # where an RDMA backend (NIXL, Mooncake) would join
+DISAGG_DEFAULT_BOOTSTRAP_PORT = 8998
+# the router sends one request to a prefill and a decode server with these headers: the
+# prefill server's bootstrap address (host:port) and the transfer's room (an integer in
+# [0, 2**63); choice j of an n > 1 request uses room + j on both sides)
+DISAGG_BOOTSTRAP_HEADER = "x-sluice-bootstrap"
+DISAGG_ROOM_HEADER = "x-sluice-bootstrap-room"
 
 # router metrics
 LABEL_WORKER = "worker"

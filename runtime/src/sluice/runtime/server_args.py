@@ -19,6 +19,9 @@ from sluice.runtime.constants import (
     BUNDLED_MODELS,
     DEFAULT_HOST,
     DEFAULT_PORT,
+    DISAGG_DEFAULT_BOOTSTRAP_PORT,
+    DISAGG_MODES,
+    DISAGG_TRANSFER_BACKENDS,
     DTYPES,
     ENV_API_KEY,
     FLAG_DRAIN_TIMEOUT,
@@ -249,6 +252,25 @@ class ServerArgs:
         "core, capped by the cgroup CPU quota; the tokenizer and detokenizer keep to one).",
     )
 
+    disaggregation_mode: str = option(
+        "null", "Prefill/decode disaggregation: 'prefill' computes prompts and hands their KV "
+        "pages to a decode server; 'decode' receives them and generates the rest; 'null' "
+        "serves whole requests. A P/D server serves only requests sent by `sluice router "
+        "--pd-disaggregation`.", DISAGG_MODES,
+    )
+    disaggregation_bootstrap_port: int = option(
+        DISAGG_DEFAULT_BOOTSTRAP_PORT, "prefill: the TCP port decode servers connect to "
+        "(reservations in, KV pages out).",
+    )
+    disaggregation_transfer_backend: str = option(
+        "tcp", "How KV pages travel between the two servers.", DISAGG_TRANSFER_BACKENDS
+    )
+    disaggregation_transfer_timeout: float = option(
+        60.0, "Seconds a prefill server keeps a computed prompt's pages waiting for its decode "
+        "server, and a decode server keeps reserved pages waiting for their KV; past it, the "
+        "request fails and its pages are freed.",
+    )
+
     def __post_init__(self) -> None:
         """On the CPU the auto (0) sizes are fixed values; on a GPU they wait for its memory
         (`engine.gpu_defaults.resolve_for_model`)."""
@@ -350,8 +372,26 @@ class ServerArgs:
             problems.append("--quantization cannot be combined with --enable-deterministic-inference")
         problems += self._lora_problems()
         problems += self._tensor_parallel_problems()
+        problems += self._disaggregation_problems()
         if problems:
             raise ValueError("; ".join(problems))
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.disaggregation_mode != "null"
+
+    def _disaggregation_problems(self) -> list[str]:
+        if not self.disaggregated:
+            return []
+        mode = f"--disaggregation-mode {self.disaggregation_mode}"
+        problems = []
+        if not 0 < self.disaggregation_bootstrap_port < 65536:
+            problems.append("--disaggregation-bootstrap-port must be in [1, 65535]")
+        if self.disaggregation_transfer_timeout <= 0:
+            problems.append("--disaggregation-transfer-timeout must be > 0")
+        if self.tensor_parallel_size > 1:
+            problems.append(f"{mode} with {FLAG_TENSOR_PARALLEL_SIZE} > 1 is not built yet")
+        return problems
 
     def _lora_problems(self) -> list[str]:
         from sluice.runtime.lora.spec import parse_lora_modules

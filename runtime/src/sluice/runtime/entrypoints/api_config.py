@@ -33,6 +33,7 @@ class ApiConfig:
     responses_store_ttl: float
     schedule_policy: str
     scheduler_heartbeat_timeout: float
+    disaggregation_mode: str
 
     @property
     def harmony(self) -> bool:

@@ -25,7 +25,9 @@ def _r(reason: str, *off: Any) -> Refused:
 
 
 _MULTIMODAL = "multimodal input is not supported (text-only models)"
-_DISAGG = "disaggregated / data-parallel serving is not supported"
+_DISAGG = "data-parallel serving is not supported"
+_PD = ("Sluice's prefill/decode pairs take their transfer from the headers `sluice router "
+       "--pd-disaggregation` adds, not from the body")
 _SAMPLER = "is not supported by the sampler"
 
 NO_EFFECT: dict[str, str] = {
@@ -58,8 +60,8 @@ COMMON_REFUSED: dict[str, Refused] = {
     "logprob_token_ids": _r("logprobs of chosen token ids are not supported"),
     "logits_processors": _r("custom logits processors are not supported"),
     "cache_salt": _r("prefix-cache salting is not supported"),
-    "kv_transfer_params": _r(_DISAGG),
-    "ec_transfer_params": _r(_DISAGG),
+    "kv_transfer_params": _r(_PD),
+    "ec_transfer_params": _r("encoder-cache transfer (multimodal) is not supported"),
     "vllm_xargs": _r("vLLM extension arguments are not supported"),
     "mm_processor_kwargs": _r(_MULTIMODAL),
     "media_io_kwargs": _r(_MULTIMODAL),
@@ -93,9 +95,9 @@ COMMON_REFUSED: dict[str, Refused] = {
     "input_embeds": _r("input embeddings are not supported"),
     "extra_key": _r("prefix-cache keys are not supported"),
     "ngram_corpus_id": _r("n-gram speculative decoding is not supported"),
-    "bootstrap_host": _r(_DISAGG),
-    "bootstrap_port": _r(_DISAGG),
-    "bootstrap_room": _r(_DISAGG),
+    "bootstrap_host": _r(_PD),
+    "bootstrap_port": _r(_PD),
+    "bootstrap_room": _r(_PD),
     "routed_dp_rank": _r(_DISAGG),
     "disagg_prefill_dp_rank": _r(_DISAGG),
     "data_parallel_rank": _r(_DISAGG),

@@ -28,6 +28,7 @@ from sluice.runtime.disconnect import unless_disconnected
 from sluice.runtime.entrypoints.api_config import ApiConfig
 from sluice.runtime.entrypoints.choice_output import ChoiceOutput
 from sluice.runtime.entrypoints.constraints import ConstraintError, request_constraint
+from sluice.runtime.entrypoints.disagg_headers import handoff_of
 from sluice.runtime.entrypoints.errors import (
     ProtocolError,
     as_protocol_error,
@@ -70,7 +71,7 @@ from sluice.runtime.entrypoints.tools import (
     template_tools,
     tool_constraint,
 )
-from sluice.runtime.ipc.messages import Constraint, SamplingParams, SchedulerStats
+from sluice.runtime.ipc.messages import Constraint, DisaggHandoff, SamplingParams, SchedulerStats
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -97,7 +98,11 @@ class TokenizerManagerLike(Protocol):
     def check_admission(self, n: int) -> None: ...
     async def prefill_only(self, input_ids: list[int]) -> None: ...
     def generate(
-        self, input_ids: list[int], sampling: SamplingParams, rid: str | None = None
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        rid: str | None = None,
+        handoff: DisaggHandoff | None = None,
     ) -> AsyncIterator[GenerateChunk]: ...
     def abort(self, rid: str) -> list[str]: ...
     def abort_all(self) -> list[str]: ...
@@ -342,24 +347,43 @@ class ServingBase:
         return self.encode(prompt, add_special_tokens=req.add_special_tokens)
 
     # --- the generation ---------------------------------------------------------------------
-    async def start(self, jobs: list[Job], stop_param: str = "stop_token_ids") -> ChoiceStreams:
+    def handoff(self, request: Request) -> DisaggHandoff | None:
+        """A P/D server's transfer for `request`, from the headers the P/D router adds;
+        None on a server that serves whole requests."""
+        return handoff_of(request.headers, self.args.disaggregation_mode)
+
+    async def start(
+        self,
+        jobs: list[Job],
+        stop_param: str = "stop_token_ids",
+        handoff: DisaggHandoff | None = None,
+    ) -> ChoiceStreams:
         """Start every job. The generators run to their first wait before this returns, so
         an up-front rejection (ValueError, raised before the TokenizerManager's first
         await) is a 400 even for a stream, and a full server a 503. A prompt shared by
         several jobs (n > 1) is prefilled once first, so the others reuse it from the
-        prefix cache (SGLang's way)."""
+        prefix cache (SGLang's way). With `handoff` (a P/D server), job j's transfer is
+        room + j, on both servers alike."""
         for j in jobs:
             check_token_ids(j.params.stop_token_ids, self.tm.vocab_size, stop_param)
+            if handoff is not None and j.params.max_new_tokens < 1:
+                raise ProtocolError("A P/D pair generates at least one token (max_tokens >= 1).",
+                                    param="max_tokens")  # fmt: skip
         try:
             self.tm.check_admission(len(jobs))  # all the choices, or none
         except TooManyChoices as exc:
             raise ProtocolError(str(exc), param="n") from exc
         except (Overloaded, EngineDown) as exc:
             raise as_protocol_error(exc) from exc
-        if not self.args.disable_radix_cache and not any(j.params.lora_id for j in jobs):
+        shareable = not self.args.disable_radix_cache and handoff is None
+        if shareable and not any(j.params.lora_id for j in jobs):
             shared = {tuple(j.ids) for j in jobs if sum(k.ids == j.ids for k in jobs) > 1}
             await asyncio.gather(*(self.tm.prefill_only(list(ids)) for ids in shared))
-        streams = ChoiceStreams([self.tm.generate(j.ids, j.params, j.rid) for j in jobs])
+        handoffs = [None if handoff is None else dataclasses.replace(handoff, room=handoff.room + i)
+                    for i in range(len(jobs))]  # fmt: skip
+        streams = ChoiceStreams(
+            [self.tm.generate(j.ids, j.params, j.rid, handoff=h) for j, h in zip(jobs, handoffs, strict=True)]
+        )
         await asyncio.sleep(0)
         if streams.first_error is not None:
             await streams.aclose()

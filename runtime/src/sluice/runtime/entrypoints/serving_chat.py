@@ -48,7 +48,7 @@ class ServingChat(ServingBase):
         jobs = fan_out([ids], [params], [req.n], rid)
         last = req.messages[-1]
         echo = last.text if req.echo and last.role == "assistant" else ""
-        streams = await self.start(jobs)
+        streams = await self.start(jobs, handoff=self.handoff(request))
         top = req.top_logprobs if req.logprobs else None
         tb = functools.partial(self.token_bytes, req.return_tokens_as_token_ids)
         reasoning = bool(self.args.reasoning_parser) and req.separate_reasoning

@@ -45,7 +45,7 @@ class ServingCompletions(ServingBase):
         if req.echo:
             texts = [p if isinstance(p, str) else self.tm.tokenizer.decode(p) for p in req.prompt]
             echoes = [texts[k // req.n] for k in range(len(jobs))]
-        streams = await self.start(jobs)
+        streams = await self.start(jobs, handoff=self.handoff(request))
         tb = functools.partial(self.token_bytes, req.return_tokens_as_token_ids)
         if req.stream:
             fmt = CompletionEvents(rid, model, req.logprobs, echoes, tb, req.keep_stop_string,

@@ -58,7 +58,9 @@ class ServingGenerate(ServingBase):
         batched = req.is_batch or len(jobs) > 1
         keep = [sp.no_stop_trim for sp in sps for _ in range(sp.n)]
         meta = self.meta(req)
-        streams = await self.start(jobs, stop_param="sampling_params.stop_token_ids")
+        streams = await self.start(
+            jobs, stop_param="sampling_params.stop_token_ids", handoff=self.handoff(request)
+        )
         if req.stream:
             fmt = GenerateEvents([j.rid for j in jobs], meta, batched, keep)
             return SSEResponse(self.events(streams, fmt, len(jobs), False, False))

@@ -82,7 +82,9 @@ class ServingResponses(ServingBase):
         assembler = ResponseAssembler(
             self._echo(req, rid, model, stored), output, req.parallel_tool_calls
         )
-        streams = await self.start([Job(prepared.ids, prepared.params, rid)])
+        streams = await self.start(
+            [Job(prepared.ids, prepared.params, rid)], handoff=self.handoff(request)
+        )
         headers = {RESPONSE_ID_HEADER: rid} if stored else None
 
         def keep(body: dict[str, Any]) -> None:

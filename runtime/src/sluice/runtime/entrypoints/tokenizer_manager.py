@@ -37,6 +37,7 @@ from sluice.runtime.entrypoints.request_limits import (
 from sluice.runtime.ipc.messages import (
     AbortReq,
     BatchStrOut,
+    DisaggHandoff,
     FinishReason,
     SamplingParams,
     SchedulerReady,
@@ -203,6 +204,7 @@ class TokenizerManager:
         sampling: SamplingParams,
         rid: str | None = None,
         admit: bool = True,
+        handoff: DisaggHandoff | None = None,
     ) -> AsyncIterator[GenerateChunk]:
         """The request's updates, its finish last. Raises before its first update (so the
         HTTP layer can still answer with a status): ValueError for a request that cannot be
@@ -236,7 +238,7 @@ class TokenizerManager:
         )
         try:
             self.send_to_scheduler(
-                TokenizedGenerateReq(internal, list(input_ids), sampling, time.time())
+                TokenizedGenerateReq(internal, list(input_ids), sampling, time.time(), handoff)
             )
             while True:
                 chunk = await state.queue.get()

@@ -84,12 +84,70 @@ class SamplingParams:
 
 
 @register
+@dataclass(frozen=True)
+class DisaggHandoff:
+    """Prefill/decode disaggregation: where a request's KV travels. `bootstrap` is the
+    prefill server's bootstrap address (host:port) and `room` the id its prefill and decode
+    halves share (the router draws it; `constants.DISAGG_ROOM_HEADER`)."""
+
+    bootstrap: str
+    room: int
+
+
+@register
 @dataclass
 class TokenizedGenerateReq:
     rid: str
     input_ids: list[int]
     sampling: SamplingParams
     arrival_time: float = 0.0
+    handoff: DisaggHandoff | None = None  # set on a P/D server only
+
+
+@register
+@dataclass
+class FirstToken:
+    """What a prefill server computed of a request besides its KV: the first output token,
+    with its logprobs and the prompt's (as asked), and the sampler's random state after it
+    (so a seeded request samples on as it would on one server)."""
+
+    token: int
+    logprob: float | None = None
+    top_ids: list[int] | None = None
+    top_values: list[float] | None = None
+    input_logprobs: list[float] = field(default_factory=list)
+    rng_state: bytes = b""
+
+
+@register
+@dataclass
+class KVReceived:
+    """Decode side, transfer -> scheduler: room's prompt KV is in its reserved pages."""
+
+    room: int
+    tokens: int
+    first: FirstToken
+    seconds: float  # from the reservation to the last page written
+
+
+@register
+@dataclass
+class KVSent:
+    """Prefill side, transfer -> scheduler: room's KV has been read out of its pages (they
+    may be freed) and is on its way."""
+
+    room: int
+    tokens: int
+
+
+@register
+@dataclass
+class KVTransferFailed:
+    """Transfer -> scheduler: room's transfer will not happen (`message` says why); its
+    request ends with an error and its pages are freed."""
+
+    room: int
+    message: str
 
 
 @register
@@ -215,6 +273,18 @@ class SchedulerStats:
     lora_loaded: int = 0
     lora_running: dict[str, int] = field(default_factory=dict)
     lora_waiting: dict[str, int] = field(default_factory=dict)
+    # prompt tokens this server's forwards computed (cached ones are not), and those still
+    # to compute of the waiting requests (what a prefill pool scales on)
+    computed_prompt_tokens_total: int = 0
+    queue_prompt_tokens: int = 0
+    # P/D (--disaggregation-mode): prompt tokens whose KV was sent (prefill) or received
+    # (decode), transfers that failed, requests waiting for pages or for their KV (decode),
+    # and the seconds of each transfer received since the last message
+    disagg_sent_tokens_total: int = 0
+    disagg_received_tokens_total: int = 0
+    disagg_failed_transfers_total: int = 0
+    disagg_waiting_requests: int = 0
+    disagg_transfer_seconds: list[float] = field(default_factory=list)
 
 
 @register

@@ -72,6 +72,7 @@ class MetricsCollector:
         try:
             self.scheduler.update(stats)
             self.requests.on_queue_times(stats.queue_times)
+            self.requests.on_transfer_times(stats.disagg_transfer_seconds)
         except Exception:
             logger.exception("metrics: cannot record scheduler stats")
 

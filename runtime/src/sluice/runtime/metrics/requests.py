@@ -22,6 +22,8 @@ What each series counts:
   `sluice_requests_total` (whatever its status).
 - `sluice_queue_time_seconds`: arrival to the first time the scheduler admitted the request
   into a batch, measured by the scheduler and observed here from its stats messages.
+- `sluice_disagg_transfer_seconds`: P/D decode server: from reserving a request's pages to
+  the last of its prompt's KV written, once per transfer received (from the stats).
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from sluice.runtime.constants import (
+    DISAGG_TRANSFER_BUCKETS_SECONDS,
     E2E_BUCKETS_SECONDS,
     ITL_BUCKETS_SECONDS,
     LABEL_MODEL,
     LABEL_STATUS,
     METRIC_CACHED_TOKENS_TOTAL,
+    METRIC_DISAGG_TRANSFER_SECONDS,
     METRIC_E2E_SECONDS,
     METRIC_GENERATION_TOKENS_TOTAL,
     METRIC_ITL_SECONDS,
@@ -103,6 +107,11 @@ class RequestMetrics:
             "Time from arrival until the scheduler first admitted the request into a batch.",
             QUEUE_TIME_BUCKETS_SECONDS,
         )
+        self.transfer_time = histogram(
+            METRIC_DISAGG_TRANSFER_SECONDS,
+            "P/D decode server: reservation to the prompt's KV received, per transfer.",
+            DISAGG_TRANSFER_BUCKETS_SECONDS,
+        )
         self._live: dict[str, _Timing] = {}
 
     @property
@@ -148,6 +157,10 @@ class RequestMetrics:
     def on_queue_times(self, seconds: list[float]) -> None:
         for s in seconds:
             self.queue_time.observe(max(0.0, s))
+
+    def on_transfer_times(self, seconds: list[float]) -> None:
+        for s in seconds:
+            self.transfer_time.observe(max(0.0, s))
 
     def _end(self, rid: str, status: str, now: float) -> None:
         t = self._live.pop(rid)

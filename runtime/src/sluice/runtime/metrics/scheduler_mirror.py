@@ -20,11 +20,17 @@ from prometheus_client.registry import Collector
 
 from sluice.runtime.constants import (
     LABEL_MODEL,
+    METRIC_COMPUTED_PROMPT_TOKENS_TOTAL,
+    METRIC_DISAGG_FAILED_TRANSFERS_TOTAL,
+    METRIC_DISAGG_RECEIVED_TOKENS_TOTAL,
+    METRIC_DISAGG_SENT_TOKENS_TOTAL,
+    METRIC_DISAGG_WAITING_REQUESTS,
     METRIC_GENERATION_THROUGHPUT,
     METRIC_KV_TOKEN_USAGE,
     METRIC_MAX_TOTAL_TOKENS,
     METRIC_NEW_TOKEN_RATIO,
     METRIC_PREFIX_CACHE_HIT_RATIO,
+    METRIC_QUEUE_PROMPT_TOKENS,
     METRIC_QUEUE_REQUESTS,
     METRIC_RETRACTED_TOKENS_TOTAL,
     METRIC_RETRACTIONS_TOTAL,
@@ -71,6 +77,20 @@ SCHEDULER_METRICS = (
     MirroredMetric(METRIC_SWA_TOTAL_TOKENS, "gauge", "swa_total_tokens",
                    "Size of the sliding-window layers' own KV pool in tokens (0: none, "
                    "they share the KV pool)."),
+    MirroredMetric(METRIC_COMPUTED_PROMPT_TOKENS_TOTAL, "counter", "computed_prompt_tokens_total",
+                   "Prompt positions this server's forwards computed (cached ones are not; a "
+                   "retracted request's re-prefill is). On a P/D decode server it stays 0."),
+    MirroredMetric(METRIC_QUEUE_PROMPT_TOKENS, "gauge", "queue_prompt_tokens",
+                   "Prompt tokens the waiting requests still need computed (what a prefill "
+                   "pool scales on)."),
+    MirroredMetric(METRIC_DISAGG_SENT_TOKENS_TOTAL, "counter", "disagg_sent_tokens_total",
+                   "P/D prefill server: prompt positions whose KV was sent to a decode server."),
+    MirroredMetric(METRIC_DISAGG_RECEIVED_TOKENS_TOTAL, "counter", "disagg_received_tokens_total",
+                   "P/D decode server: prompt positions whose KV came from a prefill server."),
+    MirroredMetric(METRIC_DISAGG_FAILED_TRANSFERS_TOTAL, "counter", "disagg_failed_transfers_total",
+                   "P/D: KV transfers that failed (the request ended with an error, its pages freed)."),
+    MirroredMetric(METRIC_DISAGG_WAITING_REQUESTS, "gauge", "disagg_waiting_requests",
+                   "P/D decode server: requests waiting for pages to reserve or for their KV."),
 )  # fmt: skip
 
 

@@ -67,6 +67,7 @@ class Counters:
     generated_tokens: int = 0
     prefill_batches: int = 0  # ticks that prefilled something
     prefill_rows: int = 0  # requests (or chunks) those ticks prefilled
+    computed_prompt_tokens: int = 0  # positions those ticks computed (cached ones are not)
     failed_batches: int = 0  # forwards that raised
     integrity_checks: int = 0  # pool integrity checks passed
     # seconds each request admitted since the last take_queue_times() waited in the queue
@@ -77,6 +78,7 @@ class Counters:
         waited in the queue, and their cached prompt tokens."""
         self.prefill_batches += 1
         self.prefill_rows += len(batch.reqs)
+        self.computed_prompt_tokens += batch.num_tokens
         for req, start in zip(batch.reqs, batch.starts, strict=True):
             if req in batch.admitted:
                 req.cached_tokens = start
@@ -160,6 +162,7 @@ def stats_of(
         swa_token_usage=window_usage,
         prefill_batches_total=c.prefill_batches,
         prefill_rows_total=c.prefill_rows,
+        computed_prompt_tokens_total=c.computed_prompt_tokens,
         failed_batches_total=c.failed_batches,
         integrity_checks_total=c.integrity_checks,
         **adapters,

@@ -22,6 +22,7 @@ from sluice.runtime.ipc.messages import BatchTokenIDOut, FinishReason, Tokenized
 from sluice.runtime.scheduler.accounting import token_output
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.decode import DecodeManager
+from sluice.runtime.scheduler.disagg import DecodeReceiver, PrefillHandoff
 from sluice.runtime.scheduler.grammar import GrammarQueue
 from sluice.runtime.scheduler.lora import AdapterGate
 from sluice.runtime.scheduler.overlap import InFlight
@@ -56,11 +57,15 @@ class Intake:
         inflight: InFlight,
         cache: KVCacheManager,
         adapters: AdapterGate,
+        handoff: PrefillHandoff | None = None,
+        receiver: DecodeReceiver | None = None,
     ) -> None:
+        """`handoff` on a prefill server, `receiver` on a decode server (P/D)."""
         self.rules = rules
         self._rng = rng
         self._prefill, self._decode, self._grammars = prefill, decode, grammars
         self._inflight, self._cache, self._adapters = inflight, cache, adapters
+        self._handoff, self._receiver = handoff, receiver
         self.requests: dict[str, Req] = {}
         self.outbox: list[Req] = []
 
@@ -76,15 +81,17 @@ class Intake:
             if req is not None and req is not known:
                 self.finish(req, reason)
                 return
-            refused = Req(rid=msg.rid, input_ids=list(msg.input_ids), sampling=msg.sampling)
+            refused = Req(msg.rid, list(msg.input_ids), msg.sampling, handoff=msg.handoff)
             refused.finish(reason)
-            self.outbox.append(refused)
+            self._refuse(refused)
 
     def add(self, msg: TokenizedGenerateReq) -> None:
         sp = msg.sampling
         room = self.rules.context_len - len(msg.input_ids)
         if sp.max_new_tokens > room > 0:  # the request's own copy: the message stays as sent
             sp = dataclasses.replace(sp, max_new_tokens=room)
+        if msg.handoff is not None and self._handoff is not None:  # the decode server goes on
+            sp = dataclasses.replace(sp, max_new_tokens=min(sp.max_new_tokens, 1))
         seed = sp.seed if sp.seed is not None else self._rng.getrandbits(63)
         req = Req(
             rid=msg.rid,
@@ -93,16 +100,17 @@ class Intake:
             arrival_time=msg.arrival_time or time.time(),
             eos_token_ids=self.rules.eos_token_ids,
             generator=torch.Generator().manual_seed(seed),
+            handoff=msg.handoff,
         )
         problem = self._problem(req, room)
         if problem:
             req.finish(FinishReason("abort", message=problem))
             logger.info("request rejected rid=%s reason=%s", req.rid, problem)
-            self.outbox.append(req)
+            self._refuse(req)
             return
         self.requests[req.rid] = req
         if sp.constraint is None:
-            self._prefill.add(req)
+            self.admit(req)
         elif self._grammars is None:
             self.finish(req, FinishReason("abort", message="constrained decoding is off"))
         else:
@@ -123,12 +131,27 @@ class Intake:
             return self._adapters.unknown(req.sampling.lora_id)
         return ""
 
+    def _refuse(self, req: Req) -> None:
+        """Answer a request that never entered (a P/D request's decode side is told)."""
+        if self._handoff is not None:
+            self._handoff.keep(req)
+        self.outbox.append(req)
+
+    def admit(self, req: Req) -> None:
+        """A request ready to be scheduled: to the prefill queue, or on a decode server a
+        P/D request to wait for its pages and KV."""
+        if req.handoff is not None and self._receiver is not None:
+            self._receiver.add(req)
+        else:
+            self._prefill.add(req)
+
     def get(self, rid: str) -> Req | None:
         return self.requests.get(rid)
 
     def live(self) -> list[Req]:
         """Requests holding (or about to hold) KV pages and rows."""
-        return list(self.requests.values()) + self._inflight.deferred
+        sending = self._handoff.live() if self._handoff is not None else []
+        return list(self.requests.values()) + self._inflight.deferred + sending
 
     def report(self, req: Req) -> None:
         """`req` has new tokens for the detokenizer."""
@@ -138,10 +161,16 @@ class Intake:
         """End a request wherever it is; its row and pages go back exactly once (after the
         in-flight batch, if that batch still uses them)."""
         req.finish(reason or FinishReason("abort"))
-        if not self._prefill.remove(req) and not self._decode.remove(req) and self._grammars:
-            self._grammars.remove(req)
+        holders = (self._prefill, self._decode, self._receiver, self._grammars)
+        any(h.remove(req) for h in holders if h is not None)  # the one that holds it
         self.requests.pop(req.rid, None)
         self.outbox.append(req)
+        if self._handoff is None or not self._handoff.keep(req):
+            self.release(req)
+
+    def release(self, req: Req) -> None:
+        """Give an ended request's row and pages back (after the in-flight batch, if that
+        batch still uses them)."""
         self._inflight.release_or_defer(req, self._cache)
 
     def fail_all(self, reason: FinishReason) -> None:

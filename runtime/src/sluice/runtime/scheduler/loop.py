@@ -159,10 +159,12 @@ class StatsPublisher:
             round(stats.kv_token_usage / KV_USAGE_STEP),
         )
         queue_times = scheduler.take_queue_times()
+        transfer_seconds = scheduler.take_transfer_seconds()
         due = self.last_at is None or now - self.last_at >= STATS_INTERVAL_S
-        if not (force or due or queue_times or key != self.last_key):
+        if not (force or due or queue_times or transfer_seconds or key != self.last_key):
             return None
         stats.queue_times = queue_times
+        stats.disagg_transfer_seconds = transfer_seconds
         generated = scheduler.counters.generated_tokens
         stats.generation_throughput = self.throughput.update(now, generated)
         self.last_at, self.last_key = now, key

@@ -18,6 +18,8 @@ from multiprocessing.connection import Connection
 import zmq
 
 from sluice.runtime.constrained import GrammarCompiler
+from sluice.runtime.disagg import KVTransfer, open_transfer
+from sluice.runtime.disagg.kv_pages import KVPages
 from sluice.runtime.distributed.group import SINGLE_RANK, init_process_group
 from sluice.runtime.distributed.topology import RankSpec
 from sluice.runtime.engine.executor import Executor, SyncExecutor, overlap_executor
@@ -50,10 +52,12 @@ def build_scheduler(
     args: ServerArgs,
     worker: ModelWorker,
     wrap: Callable[[Executor], Executor] | None = None,
+    transfer: KVTransfer | None = None,
 ) -> Scheduler:
     """The scheduler for `args` over `worker`: its bookkeeping (pages, rows, prefix cache)
     is built here, sized to the worker's device pool (and its args: auto sizes resolved).
-    `wrap`: what the executor runs inside (a test's fault injection)."""
+    `wrap`: what the executor runs inside (a test's fault injection); `transfer`: a P/D
+    server's KV transfer."""
     args = worker.args
     executor: Executor = overlap_executor(worker) if args.overlap_schedule else SyncExecutor(worker)
     if wrap is not None:
@@ -70,7 +74,29 @@ def build_scheduler(
         decode_text=worker.decode_text,
         grammars=grammars,
         adapters=AdapterGate(worker.lora),
+        disagg_mode=args.disaggregation_mode,
+        transfer=transfer,
     )
+
+
+def kv_transfer(args: ServerArgs, worker: ModelWorker, inbox: str) -> KVTransfer | None:
+    """A P/D server's end of the KV transfer (None otherwise); its events come to `inbox`."""
+    if not args.disaggregated:
+        return None
+    if worker.window is not None:
+        raise ValueError(
+            f"--disaggregation-mode {args.disaggregation_mode}: models with sliding-window "
+            "layers of their own KV pool (Gemma 2/3, gpt-oss) are not built for P/D yet"
+        )
+    transfer = open_transfer(
+        args.disaggregation_transfer_backend, args.disaggregation_mode,
+        KVPages(worker.kv, args.page_size), inbox, args.disaggregation_transfer_timeout,
+        args.disaggregation_bootstrap_port if args.disaggregation_mode == "prefill" else 0,
+    )  # fmt: skip
+    if args.disaggregation_mode == "prefill":
+        logger.info("P/D prefill: bootstrap port %d (%s)", transfer.bootstrap_port,
+                    args.disaggregation_transfer_backend)  # fmt: skip
+    return transfer
 
 
 def kv_cache(args: ServerArgs, pool: PoolLayout) -> KVCacheManager:
@@ -143,7 +169,8 @@ def run_scheduler_process(
                 executor = FaultInjectingExecutor(executor, faults, tp.size)
             return executor if trace is None else TracingExecutor(executor, trace)
 
-        scheduler = build_scheduler(args, worker, wrap)
+        transfer = kv_transfer(args, worker, port_args.scheduler_input) if tp.is_leader else None
+        scheduler = build_scheduler(args, worker, wrap, transfer)
         overlap, why = args.overlap_choice
         logger.info("%s loop (%s)", "overlap" if overlap else "normal", why)
         if not tp.is_leader:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from sluice.runtime.ipc.messages import FinishReason, SamplingParams
+from sluice.runtime.ipc.messages import DisaggHandoff, FinishReason, SamplingParams
 
 # A request's own max_new_tokens counts at most this much in every KV estimate (admission,
 # the running reservation, the new-token ratio), so one request asking for a huge output
@@ -33,6 +33,7 @@ class Req:
     arrival_time: float = 0.0
     eos_token_ids: frozenset[int] = frozenset()
     generator: torch.Generator | None = None
+    handoff: DisaggHandoff | None = None  # a P/D request's transfer (`scheduler/disagg.py`)
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     # per output token, the raw distribution's best (ids, logprobs) when top_logprobs_num > 0

@@ -35,12 +35,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sluice.runtime.disagg import KVTransfer
 from sluice.runtime.engine.executor import Executor
 from sluice.runtime.engine.forward_input import ForwardOutput
 from sluice.runtime.ipc.messages import (
     AbortReq,
     BatchTokenIDOut,
     FinishReason,
+    KVReceived,
+    KVSent,
+    KVTransferFailed,
     LoadLoraReq,
     LoraOpResult,
     SchedulerStats,
@@ -58,6 +62,7 @@ from sluice.runtime.scheduler.decode import (
     NewTokenRatio,
     Retraction,
 )
+from sluice.runtime.scheduler.disagg import DecodeReceiver, PrefillHandoff
 from sluice.runtime.scheduler.faults import EngineDead, fail_batch
 from sluice.runtime.scheduler.grammar import GrammarQueue, MaskHandOff, accept
 from sluice.runtime.scheduler.intake import Intake, IntakeRules
@@ -100,7 +105,10 @@ class Scheduler:
         decode_text: Callable[[list[int], bool], str] | None = None,
         grammars: GrammarQueue | None = None,
         adapters: AdapterGate | None = None,
+        disagg_mode: str = "null",
+        transfer: KVTransfer | None = None,
     ) -> None:
+        """`disagg_mode` "prefill" or "decode" (with its `transfer`): a P/D server."""
         self.config = config
         self.adapters = adapters or AdapterGate()
         self.cache = cache
@@ -115,10 +123,20 @@ class Scheduler:
         self.grammars = grammars
         self.masks = MaskHandOff(grammars)
         seeded = config.random_seed >= 0
+        self.handoff: PrefillHandoff | None = None
+        self.receiver: DecodeReceiver | None = None
+        if disagg_mode != "null":
+            assert transfer is not None, f"--disaggregation-mode {disagg_mode} needs a transfer"
+            if disagg_mode == "prefill":
+                release = lambda r: self.intake.release(r)  # noqa: E731
+                self.handoff = PrefillHandoff(transfer, cache, release)
+            else:
+                self.receiver = DecodeReceiver(transfer, cache)
         self.intake = Intake(
             IntakeRules(config.context_len, config.vocab_size, self.eos_token_ids),
             random.Random(config.random_seed) if seeded else random.SystemRandom(),
             self.prefill, self.decode, grammars, self.inflight, cache, self.adapters,
+            self.handoff, self.receiver,
         )  # fmt: skip
         self.timing = TickTiming()
         self.counters = Counters()
@@ -137,6 +155,7 @@ class Scheduler:
             or self.decode.runnable
             or self.inflight.launched is not None
             or bool(self.grammars)
+            or (self.receiver is not None and self.receiver.head_fits(self.decode.reserved_tokens()))
         )
 
     def live_requests(self) -> list[Req]:
@@ -153,8 +172,26 @@ class Scheduler:
         elif isinstance(msg, StopReq):
             if (req := self.intake.get(msg.rid)) is not None:
                 self.intake.finish(req, FinishReason("stop", matched_str=msg.matched_str))
+        elif isinstance(msg, (KVSent, KVReceived, KVTransferFailed)):
+            self._on_transfer(msg)
         else:
             logger.warning("scheduler ignored an unknown message %s", type(msg).__name__)
+
+    def _on_transfer(self, msg: KVSent | KVReceived | KVTransferFailed) -> None:
+        if self.handoff is not None:
+            if isinstance(msg, KVSent):
+                self.handoff.on_sent(msg)
+            elif isinstance(msg, KVTransferFailed):
+                logger.warning("KV transfer failed room=%d: %s", msg.room, msg.message)
+                self.handoff.on_failed(msg)
+        elif self.receiver is not None:
+            if isinstance(msg, KVReceived):
+                if (req := self.receiver.on_received(msg)) is not None:
+                    self.decode.add([req])
+                    self._after_token(req, req.output_ids[-1])
+            elif isinstance(msg, KVTransferFailed) and (failed := self.receiver.on_failed(msg)):
+                logger.warning("KV transfer failed room=%d: %s", msg.room, msg.message)
+                self.intake.finish(*failed)
 
     def abort(self, rid: str) -> None:
         if (req := self.intake.get(rid)) is not None:
@@ -206,9 +243,12 @@ class Scheduler:
         if self.grammars:
             compiled, failed = self.grammars.ready()
             for req in compiled:
-                self.prefill.add(req)
+                self.intake.admit(req)
             for req, reason in failed:
                 self.intake.finish(req, reason)
+        if self.receiver is not None:
+            for req in self.receiver.reserve(self.decode.reserved_tokens()):
+                self.intake.finish(req, FinishReason("abort", message="the decode server's KV pool cannot hold this request"))
         if self.config.policy.name == "priority" and (head := self.prefill.head()) is not None:
             fits = lambda: self.prefill.fits(head, self.decode.reserved_tokens())  # noqa: E731
             if self.decode.outranked_by(head, fits):
@@ -344,15 +384,20 @@ class Scheduler:
             if top is not None:
                 req.output_top_logprobs.append(top)
             self.counters.generated_tokens += 1
-            if (grammar_end := accept(req, token)) is not None:
-                req.finish(grammar_end)
-            req.check_finished_after(token)
-            if not req.is_finished and self.stop_matcher and req.sampling.stop:
-                self.stop_matcher.check(req)
-            if req.is_finished:
-                self.intake.finish(req, req.finish_reason)
-            else:
-                self.intake.report(req)
+            self._after_token(req, token)
+
+    def _after_token(self, req: Req, token: int) -> None:
+        """`token` was just appended to `req`'s output: its grammar takes it, the stop
+        conditions are checked, and it is finished or reported."""
+        if (grammar_end := accept(req, token)) is not None:
+            req.finish(grammar_end)
+        req.check_finished_after(token)
+        if not req.is_finished and self.stop_matcher and req.sampling.stop:
+            self.stop_matcher.check(req)
+        if req.is_finished:
+            self.intake.finish(req, req.finish_reason)
+        else:
+            self.intake.report(req)
 
     # ---- reporting ----------------------------------------------------------------------
     def _tick_result(self, batch: ScheduledBatch) -> TickResult:
@@ -366,7 +411,21 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         running = self.decode.running_with_chunk(self.prefill.chunked)
         adapters = self.adapters.stats(running, self.prefill.waiting)
-        return stats_of(self.counters, self.cache, len(self.prefill.waiting), running, self.ratio.value, adapters)
+        waiting = len(self.prefill.waiting) + (len(self.receiver.waiting) if self.receiver else 0)
+        stats = stats_of(self.counters, self.cache, waiting, running, self.ratio.value, adapters)
+        stats.queue_prompt_tokens = sum(self.cache.extend_len(r) for r in self.prefill.waiting)
+        if self.handoff is not None:
+            stats.disagg_sent_tokens_total = self.handoff.sent_tokens
+            stats.disagg_failed_transfers_total = self.handoff.failed
+        if self.receiver is not None:
+            stats.disagg_received_tokens_total = self.receiver.received_tokens
+            stats.disagg_failed_transfers_total = self.receiver.failed
+            stats.disagg_waiting_requests = len(self.receiver)
+        return stats
+
+    def take_transfer_seconds(self) -> list[float]:
+        """Seconds each KV transfer received since the last call took (decode server)."""
+        return self.receiver.take_transfer_seconds() if self.receiver is not None else []
 
     def take_replies(self) -> list[LoraOpResult]:
         """Answers to LoRA loads and unloads since the last call."""
