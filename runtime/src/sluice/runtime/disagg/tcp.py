@@ -161,12 +161,13 @@ class TcpTransfer:
             "reserve", (room, _Receiving(bootstrap, list(pages), tokens, time.monotonic()))
         )
 
-    def cancel(self, room: int) -> None:
+    def cancel(self, room: int, bootstrap: str = "") -> None:
         """Either side: room's request ended; once this returns its pages are not touched
-        again (the other side is told)."""
+        again. A decode side tells its prefill server (the one it reserved from, else the
+        one at `bootstrap`), which frees the prompt's pages as soon as it has them."""
         with self._lock:
             self._live.discard(room)
-        self._command("cancel", room)
+        self._command("cancel", (room, bootstrap))
 
     def close(self) -> None:
         self._stopping = True
@@ -231,11 +232,13 @@ class TcpTransfer:
                 }
                 self._dealer(receiving.bootstrap).send_multipart([b"reserve", encode(header)])
             elif kind == "cancel":
-                self._cancel(payload)
+                self._cancel(*payload)
 
-    def _cancel(self, room: int) -> None:
+    def _cancel(self, room: int, bootstrap: str) -> None:
         if (receiving := self._receiving.pop(room, None)) is not None:
-            self._dealer(receiving.bootstrap).send_multipart([b"cancel", encode({"room": room})])
+            bootstrap = receiving.bootstrap
+        if self.role == "decode" and bootstrap:
+            self._dealer(bootstrap).send_multipart([b"cancel", encode({"room": room})])
         self._computed.pop(room, None)
         self._reserved.pop(room, None)
 

@@ -101,10 +101,6 @@ class PrefillHandoff:
     def live(self) -> list[Req]:
         return list(self.sending.values())
 
-    def close(self) -> None:
-        for room in list(self.sending):
-            self.transfer.cancel(room)
-
 
 class DecodeReceiver:
     def __init__(self, transfer: KVTransfer, cache: KVCacheManager) -> None:
@@ -123,15 +119,19 @@ class DecodeReceiver:
         self.waiting.append(req)
 
     def remove(self, req: Req) -> bool:
-        """Take `req` out (it is ending); a transfer under way is cancelled first, so its
-        pages can be freed."""
-        if self.waiting.remove(req):
-            return True
-        if req.handoff is not None and self.receiving.get(req.handoff.room) is req:
-            self.transfer.cancel(req.handoff.room)
-            del self.receiving[req.handoff.room]
-            return True
-        return False
+        """Take `req` out (it is ending); its transfer is cancelled first, so its pages can
+        be freed, and its prefill server frees the prompt's."""
+        h = req.handoff
+        if h is None or not (self.waiting.remove(req) or self.receiving.get(h.room) is req):
+            return False
+        self.receiving.pop(h.room, None)
+        self.transfer.cancel(h.room, h.bootstrap)
+        return True
+
+    def refuse(self, req: Req) -> None:
+        """`req` was refused on the way in: its prefill server need not keep its prompt."""
+        if req.handoff is not None:
+            self.transfer.cancel(req.handoff.room, req.handoff.bootstrap)
 
     def _lifetime_pages(self, req: Req) -> int:
         return self.cache.pages_needed(req, req.seq_len + req.clipped_remaining_new_tokens)
@@ -149,15 +149,10 @@ class DecodeReceiver:
             and need <= self.cache.available_size - running_reserved - receiving
         )
 
-    def reserve(self, running_reserved: float) -> list[Req]:
-        """Reserve pages for waiting requests, in order, while they fit; returns the ones
-        that never can (larger than the whole pool), for the caller to fail."""
-        never = []
+    def reserve(self, running_reserved: float) -> None:
+        """Reserve pages for waiting requests, in order, while they fit (the intake has
+        refused a request whose context cannot fit the pool alone)."""
         for req in list(self.waiting):
-            if self._lifetime_pages(req) * self.cache.page_size > self.cache.total_tokens:
-                self.waiting.remove(req)
-                never.append(req)
-                continue
             if not self._fits(req, running_reserved):
                 break
             n = len(req.input_ids)
@@ -169,7 +164,6 @@ class DecodeReceiver:
             self.receiving[req.handoff.room] = req
             pages = self.cache.holding(req).pages
             self.transfer.reserve(req.handoff.room, req.handoff.bootstrap, pages, n)
-        return never
 
     def on_received(self, msg: KVReceived) -> Req | None:
         """The request whose KV is now in its pages, its first token applied."""
@@ -191,7 +185,3 @@ class DecodeReceiver:
     def take_transfer_seconds(self) -> list[float]:
         seconds, self.transfer_seconds = self.transfer_seconds, []
         return seconds
-
-    def close(self) -> None:
-        for room in list(self.receiving):
-            self.transfer.cancel(room)

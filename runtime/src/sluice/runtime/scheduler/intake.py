@@ -132,9 +132,11 @@ class Intake:
         return ""
 
     def _refuse(self, req: Req) -> None:
-        """Answer a request that never entered (a P/D request's decode side is told)."""
+        """Answer a request that never entered (a P/D request's other side is told)."""
         if self._handoff is not None:
             self._handoff.keep(req)
+        if self._receiver is not None:
+            self._receiver.refuse(req)
         self.outbox.append(req)
 
     def admit(self, req: Req) -> None:

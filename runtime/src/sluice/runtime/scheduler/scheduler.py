@@ -247,8 +247,7 @@ class Scheduler:
             for req, reason in failed:
                 self.intake.finish(req, reason)
         if self.receiver is not None:
-            for req in self.receiver.reserve(self.decode.reserved_tokens()):
-                self.intake.finish(req, FinishReason("abort", message="the decode server's KV pool cannot hold this request"))
+            self.receiver.reserve(self.decode.reserved_tokens())
         if self.config.policy.name == "priority" and (head := self.prefill.head()) is not None:
             fits = lambda: self.prefill.fits(head, self.decode.reserved_tokens())  # noqa: E731
             if self.decode.outranked_by(head, fits):
