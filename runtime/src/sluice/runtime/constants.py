@@ -199,6 +199,7 @@ METRIC_ROUTER_RETRIES_TOTAL = "sluice_router_retries_total"
 METRIC_ROUTER_UPSTREAM_ERRORS_TOTAL = "sluice_router_upstream_errors_total"
 METRIC_ROUTER_FAILED_REQUESTS_TOTAL = "sluice_router_failed_requests_total"
 METRIC_ROUTER_OVERHEAD_SECONDS = "sluice_router_overhead_seconds"
+METRIC_ROUTER_PD_PAIRS_TOTAL = "sluice_router_pd_pairs_total"  # {prefill,decode}
 ROUTER_OVERHEAD_BUCKETS_SECONDS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )  # fmt: skip

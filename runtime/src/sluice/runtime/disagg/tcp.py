@@ -118,6 +118,7 @@ class TcpTransfer:
             self._router = self._ctx.socket(zmq.ROUTER)
             self._router.setsockopt(zmq.LINGER, 0)
             self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self._router.setsockopt(zmq.IPV6, 1)
             if bootstrap_port:
                 self._router.bind(f"tcp://*:{bootstrap_port}")
                 self.bootstrap_port = bootstrap_port
@@ -315,6 +316,7 @@ class TcpTransfer:
         if sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IPV6, 1)  # a bracketed IPv6 bootstrap host connects too
             sock.connect(f"tcp://{bootstrap}")
             self._poller.register(sock, zmq.POLLIN)
             self._dealers[bootstrap] = sock

@@ -18,6 +18,9 @@ router's own /health, /liveness, /metrics and /workers.
 
 The client's `Authorization` header travels to the worker, so an API key is checked where it
 is configured: on the workers.
+
+P/D mode (`--pd-disaggregation`) serves the same routes with `pd_app.PDRouterApp`: the
+generation routes go to a prefill/decode pair, the others to the decode servers.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from sluice.runtime.router.proxy import (
     forwarded_headers,
 )
 from sluice.runtime.router.responses import ResponseAffinity
-from sluice.runtime.router.workers import WorkerPool
+from sluice.runtime.router.workers import Worker, WorkerPool
 
 logger = logging.getLogger("sluice.router")
 T = TypeVar("T")
@@ -89,13 +92,7 @@ class RouterApp:
         route = request_route(path, body) if routed or path in TOKENIZE_PATHS else RequestRoute()
         response_id = response_id or route.previous_response_id
         adapters = self.pool.adapters_wanted(route.model, route.adapters)
-        query = request.url.query
-        outgoing = Outgoing(
-            method=request.method,
-            path=path + (f"?{query}" if query else ""),
-            headers=forwarded_headers(request.headers.raw),
-            body=body,
-        )
+        outgoing = outgoing_of(request, body)
 
         async def open_upstream() -> Upstream:
             pin = None
@@ -112,12 +109,9 @@ class RouterApp:
         try:
             upstream = await unless_disconnected(request, open_upstream())
         except ClientGone:
-            logger.info("request aborted path=%s reason=client-gone-before-response", path)
-            return Response(status_code=499)
+            return client_gone(path)
         except RouterError as err:
-            self.metrics.failed.labels(err.reason).inc()
-            logger.warning("request failed path=%s status=%d why=%s", path, err.status, err)
-            return JSONResponse(err.body(), err.status)
+            return error_response(self.metrics, path, err)
         if path == RESPONSES_PATH or response_id is not None:
             self.affinity.learn(request.method, response_id, upstream.worker, upstream.response)
         return PassthroughResponse(upstream, self.metrics, self.pool)  # type: ignore[return-value]
@@ -146,23 +140,44 @@ class RouterApp:
         return Response(payload, media_type=content_type)
 
     async def workers(self, request: Request) -> Response:
-        return JSONResponse(
-            {
-                "policy": self.policy.name,
-                "workers": [
-                    {
-                        "url": w.url,
-                        "source": w.source,
-                        "healthy": w.healthy,
-                        "in_flight": w.in_flight,
-                        "tree_characters": w.tree.size,
-                        "adapters": sorted(w.adapters),
-                        "down_reason": None if w.healthy else w.down_reason,
-                    }
-                    for w in self.pool.workers.values()
-                ],
-            }
-        )
+        workers = [worker_info(w) for w in self.pool.workers.values()]
+        return JSONResponse({"policy": self.policy.name, "workers": workers})
+
+
+def worker_info(w: Worker) -> dict[str, Any]:
+    """One worker as `GET /workers` lists it."""
+    return {
+        "url": w.url,
+        "source": w.source,
+        "healthy": w.healthy,
+        "in_flight": w.in_flight,
+        "tree_characters": w.tree.size,
+        "adapters": sorted(w.adapters),
+        "down_reason": None if w.healthy else w.down_reason,
+    }
+
+
+def outgoing_of(request: Request, body: bytes) -> Outgoing:
+    """The client's request as it is sent on to a worker."""
+    query = request.url.query
+    return Outgoing(
+        method=request.method,
+        path=request.url.path + (f"?{query}" if query else ""),
+        headers=forwarded_headers(request.headers.raw),
+        body=body,
+    )
+
+
+def client_gone(path: str) -> Response:
+    logger.info("request aborted path=%s reason=client-gone-before-response", path)
+    return Response(status_code=499)
+
+
+def error_response(metrics: RouterMetrics, path: str, err: RouterError) -> Response:
+    """The router's own answer to a request it could not forward, counted and logged."""
+    metrics.failed.labels(err.reason).inc()
+    logger.warning("request failed path=%s status=%d why=%s", path, err.status, err)
+    return JSONResponse(err.body(), err.status)
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
@@ -182,7 +197,9 @@ def build_router_app(router: RouterApp, lifespan: Any = None) -> Starlette:
     routes += [Route(p, router.any_worker, methods=[method]) for p, method in ANY_WORKER_PATHS]
     routes += [
         Route(RESPONSES_PATH + "/{response_id}", router.stored_response, methods=["GET", "DELETE"]),
-        Route(RESPONSES_PATH + "/{response_id}/input_items", router.stored_response, methods=["GET"]),
+        Route(
+            RESPONSES_PATH + "/{response_id}/input_items", router.stored_response, methods=["GET"]
+        ),
         Route(RESPONSES_PATH + "/{response_id}/cancel", router.stored_response, methods=["POST"]),
         Route(HEALTH_PATH, router.health, methods=["GET"]),
         Route(ROUTER_LIVENESS_PATH, router.liveness, methods=["GET"]),

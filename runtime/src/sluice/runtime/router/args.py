@@ -13,10 +13,54 @@ from urllib.parse import urlsplit
 from sluice.runtime.constants import (
     CONTAINER_PORT_NAME,
     DEFAULT_HOST,
+    DISAGG_DEFAULT_BOOTSTRAP_PORT,
     ROUTER_DEFAULT_PORT,
     ROUTER_POLICIES,
 )
 from sluice.runtime.dataclass_cli import add_flags, option
+
+
+@dataclass(frozen=True)
+class PrefillServer:
+    """A P/D prefill server: its HTTP URL and the port its KV bootstrap server listens on."""
+
+    url: str
+    bootstrap_port: int = DISAGG_DEFAULT_BOOTSTRAP_PORT
+
+    @property
+    def bootstrap(self) -> str:
+        """`host:port` of its bootstrap server, as the decode server is told it."""
+        host = urlsplit(self.url).hostname or ""
+        return f"[{host}]:{self.bootstrap_port}" if ":" in host else f"{host}:{self.bootstrap_port}"
+
+
+def parse_prefill(values: tuple[str, ...]) -> tuple[PrefillServer, ...]:
+    """`--prefill`'s values, `URL [BOOTSTRAP_PORT]` per server: the flag's groups arrive
+    flattened (`--prefill u1 9000 --prefill u2` gives `u1 9000 u2`), and a port follows
+    the URL it belongs to. A value may also hold both, space-separated ("u1 9000")."""
+    servers: list[PrefillServer] = []
+    port_given = False
+    for token in (t for value in values for t in value.split()):
+        if not token.isdigit():
+            if problem := url_problem("--prefill", token):
+                raise ValueError(problem)
+            servers.append(PrefillServer(token.rstrip("/")))
+            port_given = False
+            continue
+        if not servers or port_given:
+            raise ValueError(f"--prefill: port {token} follows no URL (give URL [BOOTSTRAP_PORT])")
+        if not 1 <= int(token) <= 65535:
+            raise ValueError(f"--prefill: bootstrap port {token} is not in 1..65535")
+        servers[-1] = PrefillServer(servers[-1].url, int(token))
+        port_given = True
+    return tuple(servers)
+
+
+def url_problem(flag: str, url: str) -> str | None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{flag}: {url!r} is not an http(s)://host:port URL"
+    return None
 
 
 @dataclass(frozen=True)
@@ -90,20 +134,38 @@ class RouterArgs:
     drain_timeout: float = option(
         30.0, "Seconds SIGTERM waits for open requests before the router exits."
     )
+    pd_disaggregation: bool = option(
+        False,
+        "Prefill/decode disaggregation: each request goes to a prefill server (--prefill) "
+        "and a decode server (--decode) at once; the prefill server hands its KV to the "
+        "decode server, whose response the client gets.",
+    )
+    prefill: tuple[str, ...] = option(
+        (),
+        "P/D: a prefill server, URL [BOOTSTRAP_PORT] (the port of its "
+        f"--disaggregation-bootstrap-port, default {DISAGG_DEFAULT_BOOTSTRAP_PORT}); repeat "
+        "the flag per server. Chosen by --policy.",
+        repeatable=True,
+    )
+    decode: tuple[str, ...] = option(
+        (), "P/D: a decode server's URL; repeat the flag per server. Chosen by least load.",
+        repeatable=True,
+    )  # fmt: skip
     log_level: str = option("info", "Log level.", ("debug", "info", "warning", "error"))
 
     @property
     def discovery_enabled(self) -> bool:
         return bool(self.discover_selector)
 
+    @property
+    def prefill_servers(self) -> tuple[PrefillServer, ...]:
+        return parse_prefill(self.prefill)
+
     def validate(self) -> None:
-        problems = []
-        if not self.worker_urls and not self.discover_selector:
+        problems = self._pd_problems()
+        if not self.pd_disaggregation and not self.worker_urls and not self.discover_selector:
             problems.append("give --worker-urls, or --discover-selector to find workers")
-        for url in self.worker_urls:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                problems.append(f"--worker-urls: {url!r} is not an http(s)://host:port URL")
+        problems += filter(None, (url_problem("--worker-urls", u) for u in self.worker_urls))
         if len(set(self.worker_urls)) != len(self.worker_urls):
             problems.append("--worker-urls: a URL is given twice")
         if not 0.0 <= self.cache_threshold <= 1.0:
@@ -134,6 +196,30 @@ class RouterArgs:
         if problems:
             raise ValueError("; ".join(problems))
 
+    def _pd_problems(self) -> list[str]:
+        if not self.pd_disaggregation:
+            given = self.prefill or self.decode
+            return ["--prefill/--decode need --pd-disaggregation"] if given else []
+        problems = []
+        if self.worker_urls:
+            problems.append("--pd-disaggregation takes --prefill and --decode, not --worker-urls")
+        if self.discover_selector:
+            problems.append(
+                "--pd-disaggregation does not work with --discover-selector yet: "
+                "give --prefill and --decode"
+            )
+        try:
+            prefill = [s.url for s in self.prefill_servers]
+        except ValueError as err:
+            return [*problems, str(err)]
+        decode = [u.rstrip("/") for u in self.decode]
+        if not prefill or not decode:
+            problems.append("--pd-disaggregation needs at least one --prefill and one --decode")
+        problems += filter(None, (url_problem("--decode", u) for u in self.decode))
+        if len(set(prefill + decode)) != len(prefill + decode):
+            problems.append("--prefill/--decode: a URL is given twice")
+        return problems
+
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         add_flags(parser, RouterArgs)
@@ -142,6 +228,8 @@ class RouterArgs:
     def from_cli_args(cls, ns: argparse.Namespace) -> RouterArgs:
         values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)}
         values["worker_urls"] = tuple(u.rstrip("/") for u in values["worker_urls"] or ())
+        values["prefill"] = tuple(v.rstrip("/") for v in values["prefill"] or ())
+        values["decode"] = tuple(u.rstrip("/") for u in values["decode"] or ())
         args = cls(**values)
         args.validate()
         return args

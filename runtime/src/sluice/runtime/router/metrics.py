@@ -13,13 +13,17 @@
   unavailable: a 503 from a starting or draining worker, timeout).
 - `sluice_router_failed_requests_total{reason}`: requests the router answered itself with
   an error (no_worker: none healthy; upstream: every try failed; mid_stream: the worker
-  failed after the response had started).
+  failed after the response had started; unsupported: a route P/D mode does not serve).
+- `sluice_router_pd_pairs_total{prefill,decode}`: P/D mode, requests sent to each pair of
+  a prefill and a decode server (a retried request counts once per pair tried). The
+  decisions counter above counts the prefill side's choice (the policy's); the decode
+  side is always the least-loaded decode server.
 - `sluice_router_overhead_seconds`: histogram of what the router adds to a request's time
   to first byte on its own clock: from the request (body read) to the first byte written to
   the client, less the time the worker took from the request sent to its first byte (so
   routing, forwarding, failed tries and the relay of the first chunk count; the network
   hop to the worker does not).
-- gauges per worker, from the pool at scrape time: `sluice_router_worker_healthy` (1/0),
+- gauges per worker, from the pool (P/D: both pools) at scrape time: `sluice_router_worker_healthy` (1/0),
   `sluice_router_worker_in_flight_requests`, `sluice_router_tree_characters`.
 
 A worker that leaves the pool loses its series (discovered pods come and go; their URLs
@@ -28,7 +32,7 @@ must not pile up as label values).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -48,6 +52,7 @@ from sluice.runtime.constants import (
     METRIC_ROUTER_DECISIONS_TOTAL,
     METRIC_ROUTER_FAILED_REQUESTS_TOTAL,
     METRIC_ROUTER_OVERHEAD_SECONDS,
+    METRIC_ROUTER_PD_PAIRS_TOTAL,
     METRIC_ROUTER_PREFIX_MATCH_CHARACTERS,
     METRIC_ROUTER_REQUESTS_TOTAL,
     METRIC_ROUTER_RETRIES_TOTAL,
@@ -61,12 +66,14 @@ from sluice.runtime.constants import (
 from sluice.runtime.router.policies import REASONS, Decision
 from sluice.runtime.router.workers import Worker, WorkerPool
 
-FAILURE_REASONS = ("no_worker", "upstream", "mid_stream")
+FAILURE_REASONS = ("no_worker", "upstream", "mid_stream", "unsupported")
+LABEL_PREFILL = "prefill"
+LABEL_DECODE = "decode"
 
 
 class _PoolGauges(Collector):
-    def __init__(self, pool: WorkerPool) -> None:
-        self.pool = pool
+    def __init__(self, pools: Sequence[WorkerPool]) -> None:
+        self.pools = pools
 
     def collect(self) -> Iterator[Metric]:
         label = [LABEL_WORKER]
@@ -82,7 +89,7 @@ class _PoolGauges(Collector):
             "Size of the worker's approximate prefix tree (characters or token ids).",
             labels=label,
         )
-        for w in list(self.pool.workers.values()):
+        for w in [w for pool in self.pools for w in pool.workers.values()]:
             healthy.add_metric([w.url], 1.0 if w.healthy else 0.0)
             in_flight.add_metric([w.url], float(w.in_flight))
             tree.add_metric([w.url], float(w.tree.size))
@@ -93,11 +100,15 @@ class _PoolGauges(Collector):
 
 
 class RouterMetrics:
-    def __init__(self, pool: WorkerPool, policy: str) -> None:
+    def __init__(
+        self, pool: WorkerPool, policy: str, other_pools: Sequence[WorkerPool] = ()
+    ) -> None:
+        """`other_pools`: P/D mode's second pool (`pool` holds the decode servers)."""
         disable_created_metrics()
         self.policy = policy
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_PoolGauges(pool))
+        pools = (pool, *other_pools)
+        self.registry.register(_PoolGauges(pools))
         r = self.registry
         self.requests = Counter(
             METRIC_ROUTER_REQUESTS_TOTAL, "Requests sent to each worker.", [LABEL_WORKER],
@@ -133,9 +144,14 @@ class RouterMetrics:
             "Router's own share of a request's time to first byte.",
             buckets=ROUTER_OVERHEAD_BUCKETS_SECONDS, registry=r,
         )  # fmt: skip
+        self.pd_pairs = Counter(
+            METRIC_ROUTER_PD_PAIRS_TOTAL, "P/D: requests sent to each prefill/decode pair.",
+            [LABEL_PREFILL, LABEL_DECODE], registry=r,
+        )  # fmt: skip
         for reason in FAILURE_REASONS:
             self.failed.labels(reason)
-        pool.on_removed.append(self.forget)
+        for each in pools:
+            each.on_removed.append(self.forget)
 
     def on_decision(self, decision: Decision) -> None:
         self.decisions.labels(self.policy, decision.reason).inc()
@@ -148,10 +164,13 @@ class RouterMetrics:
     def on_upstream_error(self, worker: Worker, reason: str) -> None:
         self.upstream_errors.labels(worker.url, reason).inc()
 
+    def on_pair(self, prefill: Worker, decode: Worker) -> None:
+        self.pd_pairs.labels(prefill.url, decode.url).inc()
+
     def forget(self, worker: Worker) -> None:
-        for counter in (self.requests, self.upstream_errors):
+        for counter in (self.requests, self.upstream_errors, self.pd_pairs):
             for labels in list(counter._metrics):  # prometheus_client keeps children here
-                if labels[0] == worker.url:
+                if worker.url in labels:
                     counter.remove(*labels)
 
     def render(self) -> tuple[bytes, str]:

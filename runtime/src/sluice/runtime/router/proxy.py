@@ -2,10 +2,11 @@
 
 `Forwarder.open` chooses a worker (the one a request is pinned to, see `responses.py`, else
 by the policy), sends the request, and waits for the response headers and the first chunk
-of the body. Anything that fails before that first chunk (a refused or
-reset connection, a 503 from a starting or draining worker, a worker that dies while a
-non-streamed response is being computed) takes the worker out and the request is sent once
-more to another worker. After the first chunk the response is committed to that worker.
+of the body. Anything that fails before that first chunk (a refused or reset connection,
+a 503 from a starting or draining worker, a worker that dies while a non-streamed response
+is being computed, no response headers within `--request-timeout`) takes the worker out and
+the request is sent once more to another worker. After the first chunk the response is
+committed to that worker.
 
 `PassthroughResponse` then sends the worker's status, headers and body bytes as they arrive
 (no buffering: each chunk read from the worker is written to the client at once). If the
@@ -21,7 +22,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,9 @@ class Upstream:
     rest: AsyncIterator[bytes]
     received_at: float = 0.0  # perf_counter: the router had the client's request
     worker_time: float = 0.0  # seconds from sending to the worker to its first byte
+    ended: bool = False  # the body was relayed to its end (set by PassthroughResponse)
+    # P/D (`pd.py`): ends the prefill request paired with this decode response
+    on_close: Callable[[Upstream], Awaitable[None]] | None = None
     _closed: bool = False
 
     async def aclose(self) -> None:
@@ -98,15 +102,19 @@ class Upstream:
             return
         self._closed = True
         self.worker.in_flight -= 1
-        await self.response.aclose()  # unread: the connection is closed, not pooled
+        try:
+            await self.response.aclose()  # unread: the connection is closed, not pooled
+        finally:
+            if self.on_close is not None:
+                await self.on_close(self)
 
     @property
     def is_event_stream(self) -> bool:
         return self.response.headers.get("content-type", "").startswith("text/event-stream")
 
 
-class _Unavailable(Exception):
-    pass
+class Unavailable(Exception):
+    """A worker answered 503 (starting or draining): it is out, the request goes elsewhere."""
 
 
 def forwarded_headers(raw: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -161,11 +169,11 @@ class Forwarder:
             worker = decision.worker
             tried.add(worker.url)
             try:
-                upstream = await self._send(worker, req)
+                upstream = await self.send(worker, req)
                 upstream.received_at = received_at
                 return upstream
-            except (httpx.TransportError, _Unavailable) as exc:
-                reason = _error_reason(exc)
+            except (httpx.TransportError, Unavailable) as exc:
+                reason = error_reason(exc)
                 last_error = f"{worker.url}: {reason}: {exc}"
                 self.metrics.on_upstream_error(worker, reason)
                 self.pool.mark_down(worker, f"request failed ({reason})")
@@ -176,7 +184,10 @@ class Forwarder:
             "upstream_unavailable", "upstream",
         )  # fmt: skip
 
-    async def _send(self, worker: Worker, req: Outgoing) -> Upstream:
+    async def send(self, worker: Worker, req: Outgoing) -> Upstream:
+        """`req` to `worker`, counted in its in-flight requests until the `Upstream` closes;
+        raises `httpx.TransportError` (a `--request-timeout` past: `httpx.ReadTimeout`) or
+        `Unavailable` when it fails before the first chunk of the body."""
         worker.in_flight += 1
         self.metrics.on_sent(worker)
         request = self.client.build_request(
@@ -186,10 +197,13 @@ class Forwarder:
         sent_at = time.perf_counter()
         try:
             send = self.client.send(request, stream=True)
-            response = await asyncio.wait_for(send, self.request_timeout)
+            try:
+                response = await asyncio.wait_for(send, self.request_timeout)
+            except TimeoutError as exc:
+                raise httpx.ReadTimeout("no response headers within --request-timeout") from exc
             if response.status_code == 503:
                 body = (await response.aread())[:200].decode(errors="replace")
-                raise _Unavailable(f"HTTP 503 {body}")
+                raise Unavailable(f"HTTP 503 {body}")
             rest = response.aiter_raw()
             first = await anext(rest, b"")
             return Upstream(
@@ -202,8 +216,8 @@ class Forwarder:
             raise
 
 
-def _error_reason(exc: Exception) -> str:
-    if isinstance(exc, _Unavailable):
+def error_reason(exc: Exception) -> str:
+    if isinstance(exc, Unavailable):
         return "unavailable"
     if isinstance(exc, httpx.TimeoutException):
         return "timeout"
@@ -266,6 +280,7 @@ class PassthroughResponse:
             async for chunk in up.rest:
                 if chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            up.ended = True
         except httpx.TransportError as exc:
             logger.warning("worker failed mid-response url=%s error=%r", up.worker.url, exc)
             self.metrics.failed.labels("mid_stream").inc()

@@ -1,4 +1,5 @@
-"""Start `sluice router`: the worker pool, health probing, discovery, the HTTP server."""
+"""Start `sluice router`: the worker pool (P/D: a prefill and a decode pool), health probing,
+discovery, the HTTP server."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from sluice.runtime.router.args import RouterArgs
 from sluice.runtime.router.discovery import EndpointSliceDiscovery, own_namespace
 from sluice.runtime.router.health import HealthConfig, HealthMonitor
 from sluice.runtime.router.metrics import RouterMetrics
+from sluice.runtime.router.pd import PDForwarder
+from sluice.runtime.router.pd_app import PDRouterApp
 from sluice.runtime.router.policies import CacheAwareConfig, make_policy
 from sluice.runtime.router.proxy import Forwarder
 from sluice.runtime.router.responses import ResponseAffinity
@@ -30,38 +33,44 @@ class Router:
     """Everything one router process runs, built from its args (tests build it in-process)."""
 
     args: RouterArgs
-    pool: WorkerPool
+    pool: WorkerPool  # P/D: the decode servers
     app: Any  # the Starlette app
+    prefill_pool: WorkerPool | None = None  # P/D only
 
     @classmethod
     def build(cls, args: RouterArgs) -> Router:
         backoff = BackoffPolicy(args.retry_backoff_initial, args.retry_backoff_max)
         pool = WorkerPool(tree_size=args.max_tree_characters, backoff=backoff)
-        for url in args.worker_urls:
+        for url in args.decode if args.pd_disaggregation else args.worker_urls:
             pool.add(url)
+        prefill_pool = None
+        if args.pd_disaggregation:
+            prefill_pool = WorkerPool(tree_size=args.max_tree_characters, backoff=backoff)
+            for server in args.prefill_servers:
+                prefill_pool.add(server.url)
         policy = make_policy(
             args.policy,
             CacheAwareConfig(
                 args.cache_threshold, args.balance_abs_threshold, args.balance_rel_threshold
             ),
         )
-        metrics = RouterMetrics(pool, policy.name)
-        state: dict[str, Any] = {}
+        other_pools = [] if prefill_pool is None else [prefill_pool]
+        metrics = RouterMetrics(pool, policy.name, other_pools)
 
         @contextlib.asynccontextmanager
         async def lifespan(app: Any) -> AsyncIterator[None]:
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
             timeout = httpx.Timeout(None, connect=args.connect_timeout)
             async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-                router.forwarder.client = client
-                health = HealthMonitor(
-                    pool,
-                    HealthConfig(
-                        args.health_interval, args.health_timeout, args.health_failure_threshold
-                    ),
-                    client,
+                forwarder.client = client
+                config = HealthConfig(
+                    args.health_interval, args.health_timeout, args.health_failure_threshold
                 )
-                state["health"] = asyncio.get_running_loop().create_task(health.run())
+                loop = asyncio.get_running_loop()
+                probing = [
+                    loop.create_task(HealthMonitor(p, config, client).run())
+                    for p in (pool, *other_pools)
+                ]
                 discovery = None
                 if args.discovery_enabled:
                     discovery = EndpointSliceDiscovery(
@@ -69,29 +78,46 @@ class Router:
                         selector=args.discover_selector,
                         port_name=args.discover_port_name,
                         on_change=pool.sync_discovered,
-                        loop=asyncio.get_running_loop(),
+                        loop=loop,
                         kubeconfig=args.kubeconfig,
                         backoff_initial=args.retry_backoff_initial,
                         backoff_max=args.retry_backoff_max,
                     )
                     discovery.start()
-                logger.info(
-                    "routing on http://%s:%d policy=%s workers=%s discovery=%s",
-                    args.host, args.port, policy.name, list(args.worker_urls) or "none",
-                    args.discover_selector or "off",
-                )  # fmt: skip
+                _log_start(args, policy.name)
                 try:
                     yield
                 finally:
                     if discovery is not None:
                         discovery.stop()
-                    state["health"].cancel()
+                    for task in probing:
+                        task.cancel()
 
         # the client is made inside the server's loop; the forwarder gets it at start-up
         forwarder = Forwarder(pool, None, metrics, args.request_timeout)  # type: ignore[arg-type]
-        affinity = ResponseAffinity(args.response_affinity_size, args.response_probe_timeout)
-        router = RouterApp(pool, policy, forwarder, metrics, affinity)
-        return cls(args, pool, build_router_app(router, lifespan=lifespan))
+        if prefill_pool is not None:
+            bootstrap = {s.url: s.bootstrap for s in args.prefill_servers}
+            pd = PDForwarder(prefill_pool, pool, bootstrap, forwarder, policy, metrics)
+            router: RouterApp = PDRouterApp(pd, forwarder, metrics)
+        else:
+            affinity = ResponseAffinity(args.response_affinity_size, args.response_probe_timeout)
+            router = RouterApp(pool, policy, forwarder, metrics, affinity)
+        return cls(args, pool, build_router_app(router, lifespan=lifespan), prefill_pool)
+
+
+def _log_start(args: RouterArgs, policy: str) -> None:
+    where = f"http://{args.host}:{args.port}"
+    if args.pd_disaggregation:
+        prefill = [f"{s.url} (bootstrap {s.bootstrap})" for s in args.prefill_servers]
+        logger.info(
+            "routing P/D on %s policy=%s prefill=%s decode=%s",
+            where, policy, prefill, list(args.decode),
+        )  # fmt: skip
+        return
+    logger.info(
+        "routing on %s policy=%s workers=%s discovery=%s",
+        where, policy, list(args.worker_urls) or "none", args.discover_selector or "off",
+    )  # fmt: skip
 
 
 def run_router(args: RouterArgs) -> int:
