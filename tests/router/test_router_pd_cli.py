@@ -51,8 +51,10 @@ def test_a_router_without_p_d_is_unchanged():
         (["router", "--worker-urls", "http://a:1", "--prefill", "http://p:1"],
          "--prefill/--decode need --pd-disaggregation"),
         (["router", "--decode", "http://d:1"], "--prefill/--decode need --pd-disaggregation"),
-        ([*PD, "--decode", "http://d:1"], "at least one --prefill and one --decode"),
-        ([*PD, "--prefill", "http://p:1"], "at least one --prefill and one --decode"),
+        ([*PD, "--decode", "http://d:1"],
+         "needs prefill servers: give --prefill or --discover-prefill-selector"),
+        ([*PD, "--prefill", "http://p:1"],
+         "needs decode servers: give --decode or --discover-decode-selector"),
         ([*PD, "--prefill", "p:1", "--decode", "http://d:1"],
          "--prefill: 'p:1' is not an http(s)://host:port URL"),
         ([*PD, "--prefill", "http://p:1", "--decode", "ftp://d:1"],
@@ -66,7 +68,8 @@ def test_a_router_without_p_d_is_unchanged():
         ([*PD, "--prefill", "http://p:1", "--decode", "http://d:1", "--worker-urls", "http://w:1"],
          "not --worker-urls"),
         ([*PD, "--prefill", "http://p:1", "--decode", "http://d:1", "--discover-selector", "a=b"],
-         "--pd-disaggregation does not work with --discover-selector yet"),
+         "--pd-disaggregation does not take --discover-selector: use "
+         "--discover-prefill-selector and --discover-decode-selector"),
     ],
 )  # fmt: skip
 def test_misused_p_d_flags_exit_2_with_the_problem_named(argv, message, capsys):

@@ -6,13 +6,13 @@ once each side has a healthy server, and pairs a request with the bootstrap addr
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 from router_testkit import wait_until
-from server_process import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -46,15 +46,18 @@ def fake_server(role: str, seen: list[dict[str, Any]]) -> Starlette:
 
 
 @contextlib.contextmanager
-def serving(app: Starlette) -> Iterator[str]:
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+def serving(app: Starlette, host: str = "127.0.0.1") -> Iterator[str]:
+    """`app` served on a free port of `host` (any 127.x.y.z: a pod's own address)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
         wait_until(lambda: server.started, "the fake server to start", timeout=10)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
         thread.join(10)

@@ -184,6 +184,16 @@ DISAGG_DEFAULT_BOOTSTRAP_PORT = 8998
 # [0, 2**63); choice j of an n > 1 request uses room + j on both sides)
 DISAGG_BOOTSTRAP_HEADER = "x-sluice-bootstrap"
 DISAGG_ROOM_HEADER = "x-sluice-bootstrap-room"
+FLAG_DISAGGREGATION_MODE = "--disaggregation-mode"
+FLAG_DISAGGREGATION_BOOTSTRAP_PORT = "--disaggregation-bootstrap-port"
+# the container port (and Service / EndpointSlice port) name of a prefill pod's bootstrap
+DISAGG_BOOTSTRAP_PORT_NAME = "bootstrap"
+# `sluice router` in P/D mode: static servers, or the EndpointSlices of two Services
+FLAG_PD_DISAGGREGATION = "--pd-disaggregation"
+FLAG_PREFILL = "--prefill"
+FLAG_DECODE = "--decode"
+FLAG_DISCOVER_PREFILL_SELECTOR = "--discover-prefill-selector"
+FLAG_DISCOVER_DECODE_SELECTOR = "--discover-decode-selector"
 
 # router metrics
 LABEL_WORKER = "worker"

@@ -117,6 +117,7 @@ class FirstToken:
     top_values: list[float] | None = None
     input_logprobs: list[float] = field(default_factory=list)
     rng_state: bytes = b""
+    cached_tokens: int = 0  # prompt tokens the prefill server had in its prefix cache
 
 
 @register

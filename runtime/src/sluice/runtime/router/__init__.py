@@ -13,6 +13,9 @@ at once, with the prefill server's bootstrap address and a fresh transfer room i
 headers; the prefill server computes the prompt and hands its KV to the decode server, whose
 response the client gets. A failure of either before the decode server answers closes the
 other request and is retried once on another pair, or answered (`pd.py`); `/health` needs
-a healthy server on each side, `/workers` names each server's role (`pd_app.py`). Not yet:
-the Responses API (501) and discovery of P/D servers.
+a healthy server on each side, `/workers` names each server's role (`pd_app.py`). On
+Kubernetes each side is found from its own Service's EndpointSlices instead of (or besides)
+the static flags: `--discover-prefill-selector`, `--discover-decode-selector`, one watch per
+side; a prefill pod's bootstrap address is its endpoint address and the slice's port named
+`bootstrap` (`pd_discovery.py`). Not yet: the Responses API (501).
 """

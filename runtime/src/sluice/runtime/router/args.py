@@ -13,7 +13,11 @@ from urllib.parse import urlsplit
 from sluice.runtime.constants import (
     CONTAINER_PORT_NAME,
     DEFAULT_HOST,
+    DISAGG_BOOTSTRAP_PORT_NAME,
     DISAGG_DEFAULT_BOOTSTRAP_PORT,
+    FLAG_DISCOVER_DECODE_SELECTOR,
+    FLAG_DISCOVER_PREFILL_SELECTOR,
+    FLAG_DISCOVER_SELECTOR,
     ROUTER_DEFAULT_PORT,
     ROUTER_POLICIES,
 )
@@ -61,6 +65,16 @@ def url_problem(flag: str, url: str) -> str | None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{flag}: {url!r} is not an http(s)://host:port URL"
     return None
+
+
+def selector_problems(flag: str, selector: str) -> list[str]:
+    """What is wrong with a label selector (`k=v[,k=v]`; equality selectors only)."""
+    problems = []
+    for term in selector.split(",") if selector else ():
+        key, eq, _ = term.partition("=")
+        if not eq or not key.strip() or "!" in key:
+            problems.append(f"{flag}: {term!r} is not k=v (equality selectors only)")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -121,10 +135,13 @@ class RouterArgs:
         "e.g. kubernetes.io/service-name=my-model; ready endpoints join, others leave.",
     )
     discover_namespace: str = option(
-        "", "Kubernetes: namespace to watch (default: the router pod's own namespace)."
+        "",
+        "Kubernetes: namespace to watch, for every selector (default: the router pod's own "
+        "namespace).",
     )
     discover_port_name: str = option(
-        CONTAINER_PORT_NAME, "Kubernetes: EndpointSlice port name of the runtime's HTTP port."
+        CONTAINER_PORT_NAME,
+        "Kubernetes: EndpointSlice port name of the runtime's HTTP port (P/D: on both sides).",
     )
     kubeconfig: str = option(
         "",
@@ -136,9 +153,10 @@ class RouterArgs:
     )
     pd_disaggregation: bool = option(
         False,
-        "Prefill/decode disaggregation: each request goes to a prefill server (--prefill) "
-        "and a decode server (--decode) at once; the prefill server hands its KV to the "
-        "decode server, whose response the client gets.",
+        "Prefill/decode disaggregation: each request goes to a prefill server (--prefill, "
+        "--discover-prefill-selector) and a decode server (--decode, "
+        "--discover-decode-selector) at once; the prefill server hands its KV to the decode "
+        "server, whose response the client gets.",
     )
     prefill: tuple[str, ...] = option(
         (),
@@ -151,11 +169,27 @@ class RouterArgs:
         (), "P/D: a decode server's URL; repeat the flag per server. Chosen by least load.",
         repeatable=True,
     )  # fmt: skip
+    discover_prefill_selector: str = option(
+        "",
+        "P/D, Kubernetes: label selector (k=v[,k=v]) of the prefill servers' EndpointSlices, "
+        "e.g. kubernetes.io/service-name=my-model-prefill; a ready endpoint's bootstrap "
+        f"address is its address and the slice's port named {DISAGG_BOOTSTRAP_PORT_NAME!r} "
+        f"(without one: {DISAGG_DEFAULT_BOOTSTRAP_PORT}).",
+    )
+    discover_decode_selector: str = option(
+        "",
+        "P/D, Kubernetes: label selector (k=v[,k=v]) of the decode servers' EndpointSlices, "
+        "e.g. kubernetes.io/service-name=my-model-decode.",
+    )
     log_level: str = option("info", "Log level.", ("debug", "info", "warning", "error"))
 
     @property
     def discovery_enabled(self) -> bool:
-        return bool(self.discover_selector)
+        return bool(
+            self.discover_selector
+            or self.discover_prefill_selector
+            or self.discover_decode_selector
+        )
 
     @property
     def prefill_servers(self) -> tuple[PrefillServer, ...]:
@@ -186,35 +220,46 @@ class RouterArgs:
             problems.append(
                 "--response-affinity-size must be >= 1 and --response-probe-timeout > 0"
             )
-        if self.discover_selector:
-            for term in self.discover_selector.split(","):
-                key, eq, value = term.partition("=")
-                if not eq or not key.strip() or "!" in key:
-                    problems.append(
-                        f"--discover-selector: {term!r} is not k=v (equality selectors only)"
-                    )
+        problems += selector_problems(FLAG_DISCOVER_SELECTOR, self.discover_selector)
+        problems += selector_problems(
+            FLAG_DISCOVER_PREFILL_SELECTOR, self.discover_prefill_selector
+        )
+        problems += selector_problems(FLAG_DISCOVER_DECODE_SELECTOR, self.discover_decode_selector)
         if problems:
             raise ValueError("; ".join(problems))
 
     def _pd_problems(self) -> list[str]:
-        if not self.pd_disaggregation:
-            given = self.prefill or self.decode
-            return ["--prefill/--decode need --pd-disaggregation"] if given else []
         problems = []
+        if not self.pd_disaggregation:
+            if self.prefill or self.decode:
+                problems.append("--prefill/--decode need --pd-disaggregation")
+            if self.discover_prefill_selector or self.discover_decode_selector:
+                problems.append(
+                    f"{FLAG_DISCOVER_PREFILL_SELECTOR}/{FLAG_DISCOVER_DECODE_SELECTOR} need "
+                    "--pd-disaggregation"
+                )
+            return problems
         if self.worker_urls:
             problems.append("--pd-disaggregation takes --prefill and --decode, not --worker-urls")
         if self.discover_selector:
             problems.append(
-                "--pd-disaggregation does not work with --discover-selector yet: "
-                "give --prefill and --decode"
+                f"--pd-disaggregation does not take {FLAG_DISCOVER_SELECTOR}: use "
+                f"{FLAG_DISCOVER_PREFILL_SELECTOR} and {FLAG_DISCOVER_DECODE_SELECTOR}"
             )
         try:
             prefill = [s.url for s in self.prefill_servers]
         except ValueError as err:
             return [*problems, str(err)]
         decode = [u.rstrip("/") for u in self.decode]
-        if not prefill or not decode:
-            problems.append("--pd-disaggregation needs at least one --prefill and one --decode")
+        for side, static, selector in (
+            ("prefill", prefill, self.discover_prefill_selector),
+            ("decode", decode, self.discover_decode_selector),
+        ):
+            if not static and not selector:
+                problems.append(
+                    f"--pd-disaggregation needs {side} servers: give --{side} or "
+                    f"--discover-{side}-selector"
+                )
         problems += filter(None, (url_problem("--decode", u) for u in self.decode))
         if len(set(prefill + decode)) != len(prefill + decode):
             problems.append("--prefill/--decode: a URL is given twice")

@@ -8,9 +8,12 @@ is a worker `http://<address>:<port>`; a terminating pod's endpoint turns not-re
 leaves, so a draining pod gets no new requests.
 
 The official `kubernetes` client is synchronous: list, then watch from the list's
-resourceVersion, in a daemon thread; every change hands the full set of worker URLs to the
-event loop (`WorkerPool.sync_discovered`). A watch that ends is resumed from the last
-resourceVersion; a 410 Gone or any error relists (after a backoff for errors).
+resourceVersion, in a daemon thread; every change hands the event loop the full map of
+worker URL -> `Endpoint` (the URL and its slice's named ports). A consumer that needs only
+the URLs iterates it (`WorkerPool.sync_discovered`); P/D's prefill side also reads each
+endpoint's `bootstrap` port (`pd_discovery.py`), one discovery per side. A watch that ends
+is resumed from the last resourceVersion; a 410 Gone or any error relists (after a backoff
+for errors).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 logger = logging.getLogger("sluice.router.discovery")
@@ -27,23 +31,42 @@ WATCH_TIMEOUT_S = 300  # the server ends a watch after this; it is resumed at on
 READ_TIMEOUT_S = WATCH_TIMEOUT_S + 30
 
 
-def endpoint_urls(slice_obj: Any, port_name: str) -> set[str]:
-    """Worker URLs of one EndpointSlice (a `V1EndpointSlice`)."""
+@dataclass(frozen=True)
+class Endpoint:
+    """A ready endpoint: its worker URL and the named ports of its slice (a prefill pod's
+    `bootstrap` port is one)."""
+
+    url: str
+    ports: Mapping[str, int]
+
+
+OnChange = Callable[[dict[str, Endpoint]], None]  # told every worker URL -> its endpoint
+
+
+def slice_endpoints(slice_obj: Any, port_name: str) -> dict[str, Endpoint]:
+    """The ready endpoints of one EndpointSlice (a `V1EndpointSlice`), by worker URL."""
     ports = slice_obj.ports or []
     port = next((p.port for p in ports if p.name == port_name), None)
     if port is None and len(ports) == 1:
         port = ports[0].port
     if port is None:
-        return set()
+        return {}
+    named = {p.name: p.port for p in ports if p.name}
     ipv6 = (slice_obj.address_type or "") == "IPv6"
-    urls = set()
+    endpoints = {}
     for ep in slice_obj.endpoints or []:
         ready = ep.conditions.ready if ep.conditions is not None else None
         if ready is False or not ep.addresses:
             continue
         host = f"[{ep.addresses[0]}]" if ipv6 else ep.addresses[0]
-        urls.add(f"http://{host}:{port}")
-    return urls
+        url = f"http://{host}:{port}"
+        endpoints[url] = Endpoint(url, named)
+    return endpoints
+
+
+def endpoint_urls(slice_obj: Any, port_name: str) -> set[str]:
+    """Worker URLs of one EndpointSlice (a `V1EndpointSlice`)."""
+    return set(slice_endpoints(slice_obj, port_name))
 
 
 class EndpointSliceDiscovery:
@@ -52,7 +75,7 @@ class EndpointSliceDiscovery:
         namespace: str,
         selector: str,
         port_name: str,
-        on_change: Callable[[set[str]], None],
+        on_change: OnChange,
         loop: asyncio.AbstractEventLoop,
         kubeconfig: str = "",
         backoff_initial: float = 0.5,
@@ -66,7 +89,7 @@ class EndpointSliceDiscovery:
         self.kubeconfig = kubeconfig
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
-        self._slices: dict[str, set[str]] = {}
+        self._slices: dict[str, dict[str, Endpoint]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="endpointslice-watch", daemon=True)
         self._api: Any = None
@@ -91,14 +114,14 @@ class EndpointSliceDiscovery:
         self._stop.set()
 
     def _publish(self) -> None:
-        urls: set[str] = set().union(*self._slices.values()) if self._slices else set()
-        self.loop.call_soon_threadsafe(self.on_change, urls)
+        endpoints = {url: ep for each in self._slices.values() for url, ep in each.items()}
+        self.loop.call_soon_threadsafe(self.on_change, endpoints)
 
     def _list(self) -> str:
         result = self._api.list_namespaced_endpoint_slice(
             self.namespace, label_selector=self.selector, _request_timeout=30
         )
-        self._slices = {s.metadata.name: endpoint_urls(s, self.port_name) for s in result.items}
+        self._slices = {s.metadata.name: slice_endpoints(s, self.port_name) for s in result.items}
         self._publish()
         return result.metadata.resource_version or ""
 
@@ -107,7 +130,7 @@ class EndpointSliceDiscovery:
         if kind == "DELETED":
             self._slices.pop(name, None)
         else:  # ADDED, MODIFIED
-            self._slices[name] = endpoint_urls(obj, self.port_name)
+            self._slices[name] = slice_endpoints(obj, self.port_name)
         self._publish()
 
     def _watch(self, resource_version: str) -> str:

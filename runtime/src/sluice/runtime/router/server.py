@@ -1,5 +1,5 @@
 """Start `sluice router`: the worker pool (P/D: a prefill and a decode pool), health probing,
-discovery, the HTTP server."""
+discovery (P/D: one per side), the HTTP server."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import uvicorn
 
 from sluice.runtime.router.app import RouterApp, build_router_app
 from sluice.runtime.router.args import RouterArgs
-from sluice.runtime.router.discovery import EndpointSliceDiscovery, own_namespace
+from sluice.runtime.router.discovery import EndpointSliceDiscovery, OnChange, own_namespace
 from sluice.runtime.router.health import HealthConfig, HealthMonitor
 from sluice.runtime.router.metrics import RouterMetrics
 from sluice.runtime.router.pd import PDForwarder
 from sluice.runtime.router.pd_app import PDRouterApp
+from sluice.runtime.router.pd_discovery import PrefillDiscovery
 from sluice.runtime.router.policies import CacheAwareConfig, make_policy
 from sluice.runtime.router.proxy import Forwarder
 from sluice.runtime.router.responses import ResponseAffinity
@@ -71,38 +72,50 @@ class Router:
                     loop.create_task(HealthMonitor(p, config, client).run())
                     for p in (pool, *other_pools)
                 ]
-                discovery = None
-                if args.discovery_enabled:
-                    discovery = EndpointSliceDiscovery(
-                        namespace=args.discover_namespace or own_namespace(),
-                        selector=args.discover_selector,
-                        port_name=args.discover_port_name,
-                        on_change=pool.sync_discovered,
-                        loop=loop,
-                        kubeconfig=args.kubeconfig,
-                        backoff_initial=args.retry_backoff_initial,
-                        backoff_max=args.retry_backoff_max,
-                    )
+                discoveries = [_discovery(args, s, feed, loop) for s, feed in feeds if s]
+                for discovery in discoveries:
                     discovery.start()
                 _log_start(args, policy.name)
                 try:
                     yield
                 finally:
-                    if discovery is not None:
+                    for discovery in discoveries:
                         discovery.stop()
                     for task in probing:
                         task.cancel()
 
         # the client is made inside the server's loop; the forwarder gets it at start-up
         forwarder = Forwarder(pool, None, metrics, args.request_timeout)  # type: ignore[arg-type]
+        # each discovery's label selector ("": none) and what it tells of the endpoints
+        feeds: list[tuple[str, OnChange]]
         if prefill_pool is not None:
             bootstrap = {s.url: s.bootstrap for s in args.prefill_servers}
             pd = PDForwarder(prefill_pool, pool, bootstrap, forwarder, policy, metrics)
             router: RouterApp = PDRouterApp(pd, forwarder, metrics)
+            feeds = [
+                (args.discover_prefill_selector, PrefillDiscovery(prefill_pool, pd.bootstrap)),
+                (args.discover_decode_selector, pool.sync_discovered),
+            ]
         else:
             affinity = ResponseAffinity(args.response_affinity_size, args.response_probe_timeout)
             router = RouterApp(pool, policy, forwarder, metrics, affinity)
+            feeds = [(args.discover_selector, pool.sync_discovered)]
         return cls(args, pool, build_router_app(router, lifespan=lifespan), prefill_pool)
+
+
+def _discovery(
+    args: RouterArgs, selector: str, on_change: OnChange, loop: asyncio.AbstractEventLoop
+) -> EndpointSliceDiscovery:
+    return EndpointSliceDiscovery(
+        namespace=args.discover_namespace or own_namespace(),
+        selector=selector,
+        port_name=args.discover_port_name,
+        on_change=on_change,
+        loop=loop,
+        kubeconfig=args.kubeconfig,
+        backoff_initial=args.retry_backoff_initial,
+        backoff_max=args.retry_backoff_max,
+    )
 
 
 def _log_start(args: RouterArgs, policy: str) -> None:
@@ -110,8 +123,9 @@ def _log_start(args: RouterArgs, policy: str) -> None:
     if args.pd_disaggregation:
         prefill = [f"{s.url} (bootstrap {s.bootstrap})" for s in args.prefill_servers]
         logger.info(
-            "routing P/D on %s policy=%s prefill=%s decode=%s",
+            "routing P/D on %s policy=%s prefill=%s decode=%s discovery prefill=%s decode=%s",
             where, policy, prefill, list(args.decode),
+            args.discover_prefill_selector or "off", args.discover_decode_selector or "off",
         )  # fmt: skip
         return
     logger.info(

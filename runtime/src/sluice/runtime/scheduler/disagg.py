@@ -46,6 +46,7 @@ def first_token_of(req: Req) -> FirstToken:
         top_values=list(top[1]) if top else None,
         input_logprobs=list(req.input_logprobs),
         rng_state=req.generator.get_state().numpy().tobytes() if req.generator is not None else b"",
+        cached_tokens=req.cached_tokens,
     )
 
 
@@ -57,6 +58,7 @@ def apply_first_token(req: Req, first: FirstToken) -> None:
     if first.top_ids is not None and first.top_values is not None:
         req.output_top_logprobs.append((first.top_ids, first.top_values))
     req.input_logprobs = list(first.input_logprobs)
+    req.cached_tokens = first.cached_tokens
     if first.rng_state and req.generator is not None:
         req.generator.set_state(torch.frombuffer(bytearray(first.rng_state), dtype=torch.uint8))
 
