@@ -43,8 +43,16 @@ def test_results_have_bench_servings_keys_and_count_every_token(calibration_file
     assert set(doc["sluice"]) == bench_keys | {"server_peak_rss_mib"}
     s = doc["sluice"]
     assert s["completed"] == 8 and s["failed"] == 0
-    assert s["total_output_tokens"] == doc["dataset"]["total_output_tokens"]  # ignore_eos: all of them
-    for key in ("output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "mean_e2e_latency_ms"):
+    assert (
+        s["total_output_tokens"] == doc["dataset"]["total_output_tokens"]
+    )  # ignore_eos: all of them
+    for key in (
+        "output_throughput",
+        "mean_ttft_ms",
+        "p99_ttft_ms",
+        "mean_itl_ms",
+        "mean_e2e_latency_ms",
+    ):
         assert s[key] > 0
     sim = doc["simulation"]
     assert sim["simulated_seconds_per_wall_second"] > 0 and sim["ticks"] > 0
@@ -58,7 +66,9 @@ def test_the_workload_is_bench_servings(calibration_file, tmp_path, tiny_llama_p
 
     doc = simulate(calibration_file, tmp_path / "sim.json", "--dataset-name", "shared-prefix",
                    "--shared-prefix-len", "24")  # fmt: skip
-    bench = BenchArgs.from_cli([*WORKLOAD, "--dataset-name", "shared-prefix", "--shared-prefix-len", "24"])
+    bench = BenchArgs.from_cli(
+        [*WORKLOAD, "--dataset-name", "shared-prefix", "--shared-prefix-len", "24"]
+    )
     requests, extras = build_dataset(bench, load_tokenizer(tiny_llama_path))
     from dataclasses import asdict
 
@@ -74,7 +84,9 @@ def test_the_same_inputs_give_the_same_outputs(calibration_file, tmp_path):
 
 
 def test_engine_flags_other_than_the_calibrations_are_refused(calibration_file, tmp_path, capsys):
-    code = main(["simulate", "--calibration", str(calibration_file), *WORKLOAD, "--quantization", "w8a8"])
+    code = main(
+        ["simulate", "--calibration", str(calibration_file), *WORKLOAD, "--quantization", "w8a8"]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "--quantization 'w8a8'" in err and "sluice calibrate" in err
@@ -93,7 +105,14 @@ def test_flags_of_gives_back_the_values_the_parser_reads():
 
     chosen = ServerArgs(model="m", max_total_tokens=6000, disable_radix_cache=True, schedule_policy="lpm",
                         cpu_kv_cache_gib=0.5)  # fmt: skip
-    names = ("model", "max_total_tokens", "disable_radix_cache", "schedule_policy", "cpu_kv_cache_gib", "page_size")
+    names = (
+        "model",
+        "max_total_tokens",
+        "disable_radix_cache",
+        "schedule_policy",
+        "cpu_kv_cache_gib",
+        "page_size",
+    )
     parser = argparse.ArgumentParser()
     add_flags(parser, ServerArgs, only=names)
     flags = flags_of(chosen, names)
@@ -116,17 +135,24 @@ def test_flags_of_refuses_a_value_no_flag_can_give():
         flags_of(OnByDefault(warm=False))
 
 
-def test_a_calibration_from_another_cpu_or_model_is_refused_in_one_line(calibration_file, tmp_path, capsys):
+def test_a_calibration_from_another_cpu_or_model_is_refused_in_one_line(
+    calibration_file, tmp_path, capsys
+):
     import dataclasses
 
     from sluice.runtime.sim.calibration import Calibration, cpu_identity
 
     here = cpu_identity()
     cal = Calibration.load(calibration_file)
-    other = dataclasses.replace(cal, machine={**here, "cpu": "Some Other CPU", "cpu_flags": ["avx2"]})
+    other = dataclasses.replace(
+        cal, machine={**here, "cpu": "Some Other CPU", "cpu_flags": ["avx2"]}
+    )
     path = tmp_path / "other.json"
     other.save(path)
-    for command in (["simulate", "--calibration", str(path), *WORKLOAD], ["plan", "--calibration", str(path)]):
+    for command in (
+        ["simulate", "--calibration", str(path), *WORKLOAD],
+        ["plan", "--calibration", str(path)],
+    ):
         assert main(command) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "another CPU" in err and "Some Other CPU" in err, err
@@ -135,10 +161,15 @@ def test_a_calibration_from_another_cpu_or_model_is_refused_in_one_line(calibrat
     assert main(["simulate", "--calibration", str(path), "--allow-other-cpu", "--output-file", str(out),
                  *WORKLOAD, "--max-total-tokens", "4096"]) == 0  # fmt: skip
     # the same CPU passes; another model is refused
-    same = dataclasses.replace(cal, machine=here, model=dataclasses.replace(cal.model, config_sha256="0" * 64))
+    same = dataclasses.replace(
+        cal, machine=here, model=dataclasses.replace(cal.model, config_sha256="0" * 64)
+    )
     same.save(path)
     capsys.readouterr()
-    assert main(["simulate", "--calibration", str(path), "--model-path", cal.model.path, *WORKLOAD]) == 2
+    assert (
+        main(["simulate", "--calibration", str(path), "--model-path", cal.model.path, *WORKLOAD])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "another model" in err, err
 
@@ -152,7 +183,54 @@ def test_calibrate_records_what_its_calibration_holds_for():
     here = cpu_identity()
     # against the kernel's own record: the first flags line and model name of /proc/cpuinfo
     text = Path("/proc/cpuinfo").read_text()
-    flags = set(next(line for line in text.splitlines() if line.startswith("flags")).split(":", 1)[1].split())
-    name = next(line for line in text.splitlines() if line.startswith("model name")).split(":", 1)[1].strip()
+    flags = set(
+        next(line for line in text.splitlines() if line.startswith("flags"))
+        .split(":", 1)[1]
+        .split()
+    )
+    name = (
+        next(line for line in text.splitlines() if line.startswith("model name"))
+        .split(":", 1)[1]
+        .strip()
+    )
     assert here["cpu_flags"] == [f for f in PERF_CPU_FLAGS if f in flags]
     assert (here["cpu"], here["cores"]) == (name, os.cpu_count())
+
+
+def test_a_p_d_pair_serves_the_same_workload_and_its_decode_side_computes_no_prompt(
+    calibration_file, tmp_path
+):
+    one = simulate(calibration_file, tmp_path / "one.json")
+    pd = simulate(
+        calibration_file, tmp_path / "pd.json", "--pd-disaggregation", "--pd-transfer-gbps", "1"
+    )
+    assert (
+        pd["simulation"]["topology"] == "prefill+decode"
+        and one["simulation"]["topology"] == "one server"
+    )
+    assert pd["sluice"]["completed"] == 8 and pd["sluice"]["failed"] == 0
+    assert pd["sluice"]["total_output_tokens"] == one["sluice"]["total_output_tokens"]
+    assert pd["simulation"]["decode_computed_prompt_tokens"] == 0
+    again = simulate(
+        calibration_file, tmp_path / "pd2.json", "--pd-disaggregation", "--pd-transfer-gbps", "1"
+    )
+    assert again["sluice"] == pd["sluice"]  # deterministic
+
+
+def test_p_d_flags_are_checked(calibration_file, tmp_path, capsys):
+    assert main(["simulate", "--calibration", str(calibration_file), *WORKLOAD, "--pd-disaggregation",
+                 "--schedule-trace", str(tmp_path / "t.jsonl")]) == 2  # fmt: skip
+    assert "not with --pd-disaggregation" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "simulate",
+                "--calibration",
+                str(calibration_file),
+                *WORKLOAD,
+                "--pd-transfer-gbps",
+                "0",
+            ]
+        )
+        == 2
+    )

@@ -103,6 +103,9 @@ def serve_forever(
             if trace is not None and isinstance(msg, TokenizedGenerateReq):
                 trace.arrival(msg.rid, len(msg.input_ids), wall_to_monotonic(msg.arrival_time))
             scheduler.handle(msg)
+        # what the messages produced (a P/D first token, a refusal) goes now, not after a tick
+        if msgs and (out := scheduler.take_output()) is not None:
+            send(outbox, out)
         if run:
             step()
         if timing_interval_s and time.monotonic() - last_timing >= timing_interval_s:

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sluice.runtime.sim.pd import SimPDPair
 from sluice.runtime.sim.replica import SimReplica, SimRequest
 
 
@@ -24,7 +25,7 @@ class ClientRequest:
 
 
 def replay(
-    replica: SimReplica,
+    replica: SimReplica | SimPDPair,
     requests: Sequence[ClientRequest],
     start: float,
     max_concurrency: int = 0,

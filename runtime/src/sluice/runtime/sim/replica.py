@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from sluice.runtime.disagg import KVTransfer
 from sluice.runtime.engine.worker_setup import (
     PoolLayout,
     SlidingLayers,
@@ -23,7 +24,12 @@ from sluice.runtime.engine.worker_setup import (
     size_kv_pool,
     split_pools,
 )
-from sluice.runtime.ipc.messages import SamplingParams, SchedulerStats, TokenizedGenerateReq
+from sluice.runtime.ipc.messages import (
+    DisaggHandoff,
+    SamplingParams,
+    SchedulerStats,
+    TokenizedGenerateReq,
+)
 from sluice.runtime.scheduler.process import kv_cache, scheduler_config
 from sluice.runtime.scheduler.schedule_trace import ScheduleTrace
 from sluice.runtime.scheduler.scheduler import Scheduler
@@ -63,6 +69,7 @@ class SimRequest:
     max_new_tokens: int
     arrival: float  # virtual seconds
     ignore_eos: bool = True
+    handoff: DisaggHandoff | None = None  # a P/D pair's request (`sim/pd.py`)
 
 
 @dataclass
@@ -128,7 +135,9 @@ class SimReplica:
         start_time: float = 0.0,
         record_launches: bool = False,
         trace_path: str = "",
+        transfer: KVTransfer | None = None,
     ) -> None:
+        """`transfer`: a P/D replica's (`args.disaggregation_mode` prefill or decode)."""
         self.args = args
         self.name = name
         self.clock = VirtualClock(start_time)
@@ -146,9 +155,11 @@ class SimReplica:
             scheduler_config(args, self.pool.context_len), check_integrity_when_idle=False
         )
         self.scheduler = Scheduler(
-            config, kv_cache(args, self.pool), self.executor, facts.eos_token_ids
-        )
+            config, kv_cache(args, self.pool), self.executor, facts.eos_token_ids,
+            disagg_mode=args.disaggregation_mode, transfer=transfer,
+        )  # fmt: skip
         self._inbox: list[tuple[float, int, SimRequest]] = []  # heap by hand-over time
+        self._events: list[tuple[float, int, object]] = []  # messages due, by time (`post`)
         self._front_free = start_time  # when the API server can hand the next request over
         self._seq = 0
         self.traces: dict[str, RequestTrace] = {}
@@ -171,14 +182,23 @@ class SimReplica:
         self.traces[req.rid] = RequestTrace(req.rid, req.arrival, len(req.input_ids), req.max_new_tokens)
         self._open += 1
 
+    def post(self, at: float, msg: object) -> None:
+        """Hand `msg` (a transfer's event) to the scheduler at virtual time `at`."""
+        heapq.heappush(self._events, (at, self._seq, msg))
+        self._seq += 1
+
     def _deliver_arrived(self) -> None:
+        while self._events and self._events[0][0] <= self.clock.now:
+            self.scheduler.handle(heapq.heappop(self._events)[2])
         while self._inbox and self._inbox[0][0] <= self.clock.now:
             handed, _, req = heapq.heappop(self._inbox)
             params = SamplingParams(
                 max_new_tokens=req.max_new_tokens, temperature=0.0, ignore_eos=req.ignore_eos
             )
             # the scheduler reads arrival_time with `or time.time()`: keep it positive
-            msg = TokenizedGenerateReq(req.rid, list(req.input_ids), params, req.arrival + 1e-9)
+            msg = TokenizedGenerateReq(
+                req.rid, list(req.input_ids), params, req.arrival + 1e-9, req.handoff
+            )
             if self.trace is not None:
                 self.trace.arrival(req.rid, len(req.input_ids), handed)
             self.scheduler.handle(msg)
@@ -186,17 +206,20 @@ class SimReplica:
 
     @property
     def idle(self) -> bool:
-        return not self.scheduler.has_work and not self._inbox
+        return not self.scheduler.has_work and not self._inbox and not self._events
 
     @property
     def next_arrival(self) -> float | None:
-        return self._inbox[0][0] if self._inbox else None
+        """When the next request or event is due (None: nothing is)."""
+        due = [q[0][0] for q in (self._inbox, self._events) if q]
+        return min(due) if due else None
 
     # ---- running ------------------------------------------------------------------------
     def step(self) -> bool:
         """One loop iteration at the current virtual time; False when there was nothing
         to do (the clock then waits for the next arrival)."""
         self._deliver_arrived()
+        self._collect()  # what the messages produced goes out before the tick (as serve_forever)
         if not self.scheduler.has_work:
             self.scheduler.on_idle()
             return False

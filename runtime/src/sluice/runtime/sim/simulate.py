@@ -50,11 +50,25 @@ class SimulateArgs(WorkloadArgs):
         "", "Write every request the simulated scheduler receives and every batch it launches "
         "here (JSON lines: `sluice serve --schedule-trace`'s layout, on the virtual clock).",
     )
+    pd_disaggregation: bool = option(
+        False, "Simulate a P/D pair instead of one server: a prefill server and a decode "
+        "server, each on its own machine as calibrated, every request sent to both (as "
+        "`sluice router --pd-disaggregation` does).",
+    )
+    pd_transfer_gbps: float = option(
+        10.0, "P/D: the network's bandwidth between the two servers, in Gbit/s (each "
+        "prompt's KV: its tokens x the calibrated model's KV bytes per token).",
+    )
+    pd_transfer_latency_ms: float = option(0.5, "P/D: a transfer's fixed latency, in ms.")
 
     def validate(self) -> None:
         problems = self.workload_problems()
         if self.warmup_requests < 0:
             problems.append("--warmup-requests must be >= 0")
+        if self.pd_transfer_gbps <= 0 or self.pd_transfer_latency_ms < 0:
+            problems.append("--pd-transfer-gbps must be > 0 and --pd-transfer-latency-ms >= 0")
+        if self.pd_disaggregation and self.schedule_trace:
+            problems.append("--schedule-trace traces one server: not with --pd-disaggregation")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -94,6 +108,7 @@ def run_simulation(
     args: SimulateArgs, server_args: ServerArgs, calibration: Calibration, tokenizer: Any
 ) -> SimulationResult:
     from sluice.runtime.sim.client import ClientRequest, replay
+    from sluice.runtime.sim.pd import SimPDPair, TransferCost
     from sluice.runtime.sim.replica import SimReplica
     from sluice.runtime.workload import dataset, metrics
     from sluice.runtime.workload.args import build_dataset
@@ -104,7 +119,13 @@ def run_simulation(
     summary = dataset.DatasetSummary.of(requests, **extras)
     offsets = arrival_offsets(len(requests), args.request_rate, args.seed)
     ignore_eos = not args.disable_ignore_eos
-    replica = SimReplica(server_args, calibration, trace_path=args.schedule_trace)
+    replica: SimReplica | SimPDPair
+    if args.pd_disaggregation:
+        cost = TransferCost(calibration.model.bytes_per_token, args.pd_transfer_gbps,
+                            args.pd_transfer_latency_ms / 1000)  # fmt: skip
+        replica = SimPDPair(server_args, calibration, cost)
+    else:
+        replica = SimReplica(server_args, calibration, trace_path=args.schedule_trace)
     if args.warmup_requests:  # off the clock, like bench_serving's warm-up
         warm = dataset.warmup_request(tokenizer, args.seed)
         ids = tokenizer.encode(warm.prompt, add_special_tokens=True)
@@ -148,10 +169,15 @@ def run_simulation(
         "simulation": {
             "calibration": args.calibration,
             "loop": "overlap" if replica.overlap else "normal",
+            "topology": "prefill+decode" if args.pd_disaggregation else "one server",
             "kv_pool_tokens": replica.pool.total_tokens,
             "ticks": replica.ticks,
             "retractions_total": stats.retractions_total,
             "prefill_batches_total": stats.prefill_batches_total,
+            "decode_computed_prompt_tokens": (
+                replica.decode.stats().computed_prompt_tokens_total
+                if isinstance(replica, SimPDPair) else None
+            ),
             "simulated_seconds": simulated,
             "wall_seconds": wall,
             "simulated_seconds_per_wall_second": simulated / wall if wall > 0 else None,
