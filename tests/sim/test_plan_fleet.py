@@ -183,3 +183,37 @@ def test_the_plan_command_writes_a_row_per_policy(calibration, tmp_path, tiny_ll
 
     assert same(again["policies"]) == same(doc["policies"])
     assert main(["plan", "--calibration", str(cal), "--policy", "nope"]) == 2
+
+
+def test_a_p_d_fleet_counts_two_pods_per_replica_and_its_decode_pods_compute_no_prompt(
+    args, calibration
+):
+    from sluice.runtime.sim.pd import SimPDPair, TransferCost
+
+    cost = TransferCost(calibration.model.bytes_per_token, 10.0, 0.0005)
+    trace = RateTrace((1.0, 1.0))
+    result = run(
+        parse_policy("static:1", 1, 4, H.Behavior()), args, calibration, trace, transfer=cost
+    )
+    (pod,) = result.pods
+    assert isinstance(pod.replica, SimPDPair) and result.pods_per_replica == 2
+    row = summarize(result, Slo(2.0, 0.25), pod.sent)
+    assert row["failed"] == 0 and pod.sent > 0
+    assert row["replica_hours"] == pytest.approx(2 * result.end / 3600)  # two pods
+    assert pod.replica.decode.stats().computed_prompt_tokens_total == 0
+    assert pod.replica.prefill.stats().disagg_sent_tokens_total > 0
+    pod.replica.check_integrity()
+
+
+def test_the_plan_command_takes_a_p_d_topology(calibration, tmp_path):
+    cal = tmp_path / "cal.json"
+    calibration.save(cal)
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--calibration", str(cal), "--traffic", "constant", "--duration-minutes", "2",
+            "--base-rate", "1", "--input-len", "48", "--input-min", "16", "--output-len", "24",
+            "--output-min", "8", "--policy", "static:1", "--max-running-requests", "4",
+            "--max-total-tokens", "4096", "--pd-disaggregation", "--output-file", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    (row,) = json.loads(out.read_text())["policies"]
+    assert row["failed"] == 0 and row["replica_hours"] > 0
+    assert main(["plan", "--calibration", str(cal), "--pd-transfer-gbps", "-1"]) == 2

@@ -20,6 +20,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from sluice.runtime.dataclass_cli import option
 from sluice.runtime.ipc.messages import (
     DisaggHandoff,
     FirstToken,
@@ -43,6 +44,38 @@ class TransferCost:
 
     def seconds(self, tokens: int) -> float:
         return self.latency_s + tokens * self.bytes_per_token * 8 / (self.gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class PDTopology:
+    """The flags `sluice simulate` and `sluice plan` share to put a P/D pair where one
+    server would be."""
+
+    pd_disaggregation: bool = option(
+        False,
+        "A P/D pair instead of each server: a prefill server and a decode server, "
+        "each on its own machine as calibrated, every request sent to both (as `sluice "
+        "router --pd-disaggregation` does); it counts as two pods.",
+    )
+    pd_transfer_gbps: float = option(
+        10.0,
+        "P/D: the network's bandwidth between the two servers, in Gbit/s (each "
+        "prompt's KV: its tokens x the calibrated model's KV bytes per token).",
+    )
+    pd_transfer_latency_ms: float = option(0.5, "P/D: a transfer's fixed latency, in ms.")
+
+    def pd_problems(self) -> list[str]:
+        if self.pd_transfer_gbps <= 0 or self.pd_transfer_latency_ms < 0:
+            return ["--pd-transfer-gbps must be > 0 and --pd-transfer-latency-ms >= 0"]
+        return []
+
+    def transfer_cost(self, bytes_per_token: int) -> TransferCost | None:
+        """The pair's transfer cost; None when the topology is one server."""
+        if not self.pd_disaggregation:
+            return None
+        return TransferCost(
+            bytes_per_token, self.pd_transfer_gbps, self.pd_transfer_latency_ms / 1000
+        )
 
 
 class SimTransfer:
@@ -128,13 +161,30 @@ class _PairClock:
             r.clock.advance_to(t)
 
 
+class _PairBusy:
+    """The pair's CPU use: the mean of its two machines'."""
+
+    def __init__(self, pair: SimPDPair) -> None:
+        self._pair = pair
+
+    def utilisation(self, t0: float, t1: float) -> float:
+        return sum(r.busy.utilisation(t0, t1) for r in self._pair.replicas) / 2
+
+
 class SimPDPair:
-    def __init__(self, args: ServerArgs, calibration: Calibration, cost: TransferCost) -> None:
+    def __init__(
+        self, args: ServerArgs, calibration: Calibration, cost: TransferCost,
+        name: str = "pair", start_time: float = 0.0,
+    ) -> None:  # fmt: skip
+        self.name = name
         self.transfer = SimTransfer(cost)
         prefill_args = dataclasses.replace(args, disaggregation_mode="prefill")
         decode_args = dataclasses.replace(args, disaggregation_mode="decode")
-        self.prefill = SimReplica(prefill_args, calibration, "prefill", transfer=self.transfer)
-        self.decode = SimReplica(decode_args, calibration, "decode", transfer=self.transfer)
+        self.prefill = SimReplica(prefill_args, calibration, f"{name}-prefill", start_time,
+                                  transfer=self.transfer)  # fmt: skip
+        self.decode = SimReplica(decode_args, calibration, f"{name}-decode", start_time,
+                                 transfer=self.transfer)  # fmt: skip
+        self.busy = _PairBusy(self)
         self.transfer.bind(self.prefill, self.decode)
         self.replicas = (self.prefill, self.decode)
         self.clock = _PairClock(self)

@@ -26,6 +26,7 @@ from typing import Any
 from sluice.runtime.dataclass_cli import add_flags, option
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.sim.calibration import COST_FLAGS, Calibration
+from sluice.runtime.sim.pd import PDTopology
 from sluice.runtime.sim.server_flags import SCHEDULING_FLAGS, add_server_flags, server_args_from
 from sluice.runtime.workload.args import WorkloadArgs
 from sluice.runtime.workload.metrics import strict_json
@@ -34,7 +35,7 @@ SIMULATE_SERVER_FLAGS = SCHEDULING_FLAGS + COST_FLAGS
 
 
 @dataclass(frozen=True)
-class SimulateArgs(WorkloadArgs):
+class SimulateArgs(WorkloadArgs, PDTopology):
     """The workload's flags (`WorkloadArgs`, shared with `bench_serving`), then the run's."""
 
     calibration: str = option("calibration.json", "The file `sluice calibrate` wrote.")
@@ -50,23 +51,12 @@ class SimulateArgs(WorkloadArgs):
         "", "Write every request the simulated scheduler receives and every batch it launches "
         "here (JSON lines: `sluice serve --schedule-trace`'s layout, on the virtual clock).",
     )
-    pd_disaggregation: bool = option(
-        False, "Simulate a P/D pair instead of one server: a prefill server and a decode "
-        "server, each on its own machine as calibrated, every request sent to both (as "
-        "`sluice router --pd-disaggregation` does).",
-    )
-    pd_transfer_gbps: float = option(
-        10.0, "P/D: the network's bandwidth between the two servers, in Gbit/s (each "
-        "prompt's KV: its tokens x the calibrated model's KV bytes per token).",
-    )
-    pd_transfer_latency_ms: float = option(0.5, "P/D: a transfer's fixed latency, in ms.")
 
     def validate(self) -> None:
         problems = self.workload_problems()
         if self.warmup_requests < 0:
             problems.append("--warmup-requests must be >= 0")
-        if self.pd_transfer_gbps <= 0 or self.pd_transfer_latency_ms < 0:
-            problems.append("--pd-transfer-gbps must be > 0 and --pd-transfer-latency-ms >= 0")
+        problems += self.pd_problems()
         if self.pd_disaggregation and self.schedule_trace:
             problems.append("--schedule-trace traces one server: not with --pd-disaggregation")
         if problems:
@@ -108,7 +98,7 @@ def run_simulation(
     args: SimulateArgs, server_args: ServerArgs, calibration: Calibration, tokenizer: Any
 ) -> SimulationResult:
     from sluice.runtime.sim.client import ClientRequest, replay
-    from sluice.runtime.sim.pd import SimPDPair, TransferCost
+    from sluice.runtime.sim.pd import SimPDPair
     from sluice.runtime.sim.replica import SimReplica
     from sluice.runtime.workload import dataset, metrics
     from sluice.runtime.workload.args import build_dataset
@@ -120,9 +110,7 @@ def run_simulation(
     offsets = arrival_offsets(len(requests), args.request_rate, args.seed)
     ignore_eos = not args.disable_ignore_eos
     replica: SimReplica | SimPDPair
-    if args.pd_disaggregation:
-        cost = TransferCost(calibration.model.bytes_per_token, args.pd_transfer_gbps,
-                            args.pd_transfer_latency_ms / 1000)  # fmt: skip
+    if (cost := args.transfer_cost(calibration.model.bytes_per_token)) is not None:
         replica = SimPDPair(server_args, calibration, cost)
     else:
         replica = SimReplica(server_args, calibration, trace_path=args.schedule_trace)

@@ -22,6 +22,7 @@ from typing import Any
 from sluice.runtime.constants import ROUTER_POLICIES
 from sluice.runtime.dataclass_cli import add_flags, option
 from sluice.runtime.sim.calibration import Calibration
+from sluice.runtime.sim.pd import PDTopology
 from sluice.runtime.sim.server_flags import SCHEDULING_FLAGS, add_server_flags, server_args_from
 
 TRAFFIC_KINDS = ("bursty", "diurnal", "constant")
@@ -29,7 +30,7 @@ DEFAULT_POLICIES = ("hpa:queueDepth=2", "hpa:queueDepth=8", "hpa:kvTokenUsage=0.
 
 
 @dataclass(frozen=True)
-class PlanArgs:
+class PlanArgs(PDTopology):
     calibration: str = option("calibration.json", "The file `sluice calibrate` wrote.")
     output_file: str = option("", "Write the per-policy results (and per-minute timelines) as JSON here.")
     allow_other_cpu: bool = option(False, "Plan with a CPU calibration measured on another CPU (it then "
@@ -73,7 +74,7 @@ class PlanArgs:
     jobs: int = option(1, "Policies simulated at once, one process each (the results do not depend on it).")
 
     def validate(self) -> None:
-        problems = []
+        problems = self.pd_problems()
         if self.duration_minutes < 1:
             problems.append("--duration-minutes must be >= 1")
         if self.base_rate < 0 or self.peak_rate < 0:
@@ -145,8 +146,9 @@ def run_plan(args: PlanArgs, server_args: Any, calibration: Calibration, log: An
     log(f"trace: {len(trace.per_minute)} minutes, {len(requests)} requests "
         f"(mean {len(requests) / trace.duration_s:.2f} req/s, peak minute {max(trace.per_minute):.2f} req/s); "
         f"pod start-up {startup:.1f} s")  # fmt: skip
+    transfer = args.transfer_cost(facts.bytes_per_token)
     jobs = [(policy, server_args, calibration, timings, args.routing_policy, args.cpu_cores or None,
-             args.seed, requests, trace.duration_s, slo) for policy in policies]  # fmt: skip
+             args.seed, requests, trace.duration_s, slo, transfer) for policy in policies]  # fmt: skip
     if args.jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -178,9 +180,10 @@ def simulate_policy(job: tuple[Any, ...]) -> tuple[dict[str, Any], dict[str, Any
     from sluice.runtime.sim.plan.fleet import Fleet
     from sluice.runtime.sim.plan.report import summarize
 
-    policy, server_args, calibration, timings, routing, cpu_cores, seed, requests, duration, slo = job
+    policy, server_args, calibration, timings, routing, cpu_cores, seed, requests, duration, slo, transfer = job
     t0 = time.perf_counter()
-    fleet = Fleet(policy, server_args, calibration, timings, routing=routing, cpu_cores=cpu_cores, seed=seed)
+    fleet = Fleet(policy, server_args, calibration, timings, routing=routing, cpu_cores=cpu_cores,
+                  seed=seed, transfer=transfer)  # fmt: skip
     result = fleet.run(requests, duration)
     row = summarize(result, slo, len(requests))
     row["wall_seconds"] = time.perf_counter() - t0

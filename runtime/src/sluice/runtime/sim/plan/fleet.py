@@ -30,6 +30,7 @@ from sluice.runtime.router.prefix_tree import PrefixTree
 from sluice.runtime.router.workers import Worker
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.sim.calibration import Calibration
+from sluice.runtime.sim.pd import SimPDPair, TransferCost
 from sluice.runtime.sim.plan import hpa
 from sluice.runtime.sim.plan.policies import PolicySpec
 from sluice.runtime.sim.plan.saturation import desired_replicas, peaks
@@ -56,7 +57,7 @@ class Pod:
     created: float
     running_at: float
     ready_at: float
-    replica: SimReplica
+    replica: SimReplica | SimPDPair
     worker: Worker
     cpu_request_milli: int
     deleting_since: float | None = None
@@ -108,6 +109,7 @@ class FleetResult:
     end: float
     timeline: list[dict[str, float]]
     ticks: int
+    pods_per_replica: int = 1  # a P/D replica is a prefill pod and a decode pod
 
 
 class Fleet:
@@ -121,7 +123,10 @@ class Fleet:
         initial_replicas: int | None = None,
         cpu_cores: float | None = None,
         seed: int = 0,
+        transfer: TransferCost | None = None,
     ) -> None:
+        """`transfer`: each replica is a P/D pair joined by a transfer of that cost."""
+        self.transfer = transfer
         self.policy = policy
         self.args = server_args
         self.calibration = calibration
@@ -153,7 +158,11 @@ class Fleet:
         name = f"pod-{self._pod_seq}"
         running = t if ready_now else t + self.timings.pending_s
         ready = t if ready_now else running + self.timings.startup_s
-        replica = SimReplica(self.args, self.calibration, name=name, start_time=ready)
+        replica: SimReplica | SimPDPair
+        if self.transfer is not None:
+            replica = SimPDPair(self.args, self.calibration, self.transfer, name, ready)
+        else:
+            replica = SimReplica(self.args, self.calibration, name=name, start_time=ready)
         worker = Worker(url=name, tree=PrefixTree(ROUTER_TREE_CHARS), healthy=True)
         pod = Pod(name, t, running, ready, replica, worker, self.cpu_request_milli)
         self.pods.append(pod)
@@ -320,7 +329,8 @@ class Fleet:
                     self.traces[tr.rid] = tr
         return FleetResult(self.policy, list(self.traces.values()), self.failed, self.pods,
                            self.scale_events, end, self.timeline,
-                           sum(p.replica.ticks for p in self.pods))  # fmt: skip
+                           sum(p.replica.ticks for p in self.pods),
+                           2 if self.transfer is not None else 1)  # fmt: skip
 
     def _busy(self) -> bool:
         return any(not p.replica.idle for p in self.alive())

@@ -41,7 +41,10 @@ def summarize(result: FleetResult, slo: Slo, arrivals: int) -> dict[str, Any]:
         ok_ttft += a
         ok_itl += b
         ok_both += a and b
-    hours = sum(((p.gone_at if p.gone_at is not None else result.end) - p.created) / 3600.0 for p in result.pods)
+    # pod-hours: a P/D replica is two pods
+    hours = result.pods_per_replica * sum(
+        ((p.gone_at if p.gone_at is not None else result.end) - p.created) / 3600.0 for p in result.pods
+    )
     ups = sum(1 for e in result.scale_events if e.after > e.before)
     n = max(arrivals, 1)
     return {
