@@ -241,8 +241,11 @@ class SimPDPair:
         return self.decode.take_finished()
 
     def stats(self) -> SchedulerStats:
-        """The decode replica's stats, with the prefill replica's prefill counts."""
+        """The decode replica's stats, with the prefill replica's queue and prefill counts
+        (what a plan scales the pair on)."""
         stats, p = self.decode.stats(), self.prefill.stats()
+        stats.queue_requests += p.queue_requests
+        stats.queue_prompt_tokens = p.queue_prompt_tokens
         stats.prefill_batches_total = p.prefill_batches_total
         stats.prefill_rows_total = p.prefill_rows_total
         stats.computed_prompt_tokens_total += p.computed_prompt_tokens_total
