@@ -336,13 +336,14 @@ def test_with_every_decode_server_down_the_router_answers_502():
     asyncio.run(scenario())
 
 
-def test_a_decode_servers_400_is_passed_on_as_it_is():
+def test_a_decode_servers_400_is_passed_on_as_it_is_and_the_prefill_request_closed():
     async def scenario() -> None:
-        cluster = FakePD(script={D1: "invalid"})
+        cluster = FakePD(script={D1: "invalid", P1: "slow"})
         router = pd_router(cluster, prefill=(P1,), decode=(D1,))
         resp = await post(router, {"prompt": "p"})
         assert resp.status_code == 400 and resp.json() == PREFILL_ERROR
         assert resp.headers[C.ROUTER_WORKER_HEADER] == D1 and router.worker(D1).healthy
+        await eventually(lambda: cluster.closed == [P1], "the prefill request closed")
 
     asyncio.run(scenario())
 

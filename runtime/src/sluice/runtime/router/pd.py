@@ -169,6 +169,9 @@ class PDForwarder:
                 upstream = await decode_task
             except SendFailure as exc:
                 raise _Failed(self.decode, decode, exc) from exc
+            if upstream.response.status_code >= 400:  # refused: the prefill half is of no use
+                await _discard(prefill_task)
+                return upstream
         except BaseException:
             await _discard(decode_task)
             await _discard(prefill_task)
