@@ -1,5 +1,5 @@
 """JSON schemas the tests share: the structured-output ones (nested objects, enums, arrays,
-integers), and the request bodies of the server's own OpenAPI document."""
+integers), a tool's, and the request bodies of the server's own OpenAPI document."""
 
 
 def body_schema(openapi: dict, path: str) -> dict:
@@ -49,4 +49,21 @@ COUNTS = {  # integers only, in an array of objects
         }
     },
     "required": ["counts"],
+}
+
+# a tool the model is asked to call (its arguments are validated against `parameters`)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },  # fmt: skip
+            "required": ["city", "unit"],
+        },
+    },
 }

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
-from json_schemas import PERSON
+from json_schemas import PERSON, WEATHER
 from server_process import RunningServer, free_port, serve, wait_for
 
 from sluice.runtime import constants as C
@@ -40,21 +40,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.bundled,
 FP32 = ("--dtype", "float32", "--torch-threads", "1", "--max-total-tokens", "16384")
 ROUTER_FLAGS = ["--health-interval", "0.2", "--health-timeout", "2",
                 "--retry-backoff-initial", "0.2", "--retry-backoff-max", "1"]  # fmt: skip
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },  # fmt: skip
-            "required": ["city", "unit"],
-        },
-    },
-}
+
 
 
 @dataclass

@@ -11,27 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
-from json_schemas import PERSON, PETS
+from json_schemas import PERSON, PETS, WEATHER
 from server_process import serve
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.bundled]
 openai = pytest.importorskip("openai")
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },  # fmt: skip
-            "required": ["city", "unit"],
-        },
-    },
-}
 TIME = {
     "type": "function",
     "function": {

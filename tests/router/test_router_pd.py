@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+from test_router_proxy import samples
 
 from sluice.runtime import constants as C
 from sluice.runtime.constants import METRIC_ROUTER_PD_PAIRS_TOTAL
@@ -188,15 +188,6 @@ async def eventually(condition: Callable[[], Any], what: str, timeout: float = 5
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.005)
-
-
-def samples(metrics: RouterMetrics) -> dict[tuple[str, tuple], float]:
-    text = metrics.render()[0].decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-    }
 
 
 def test_both_servers_get_the_request_with_the_prefill_bootstrap_address_and_one_room():
