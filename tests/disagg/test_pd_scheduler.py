@@ -165,3 +165,24 @@ def test_sampling_state_travels_so_a_seeded_request_samples_as_on_one_server(mak
     run_pair(p, d, lambda: "s" in d.finished)
     assert d.outputs["s"] == one.outputs["s"]
     settle(p, d)
+
+
+def test_lora_requests_keep_their_adapter_on_both_sides_against_peft(
+    make_side, tiny_llama_path, tmp_path
+):
+    from lora_adapters import PeftOracle, make_adapter
+
+    adapter = make_adapter(tiny_llama_path, tmp_path / "a8", rank=8, seed=1)
+    lora = {"enable_lora": True, "lora_modules": (f"a8={adapter}",), "max_loras": 1}
+    p, d = make_side("prefill", **lora), make_side("decode", **lora)
+    prompts = [[5, 17, 33, 42, 9, 11], list(range(60, 160))]
+    for i, ids in enumerate(prompts):
+        send_pair(p, d, f"a{i}", ids, room=20 + i, max_new_tokens=10, ignore_eos=True, lora_id=1)
+        send_pair(p, d, f"b{i}", ids, room=30 + i, max_new_tokens=10, ignore_eos=True)
+    run_pair(p, d, lambda: len(d.finished) == 2 * len(prompts))
+    oracle = PeftOracle(tiny_llama_path)
+    for i, ids in enumerate(prompts):
+        assert d.outputs[f"a{i}"] == oracle.generate(adapter, ids, 10)
+        assert d.outputs[f"b{i}"] == oracle.generate(None, ids, 10)
+        assert d.outputs[f"a{i}"] != d.outputs[f"b{i}"]  # the adapter changes the answer
+    settle(p, d)
