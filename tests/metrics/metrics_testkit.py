@@ -56,6 +56,13 @@ DOCUMENTED: dict[str, str] = {
     C.METRIC_ITL_SECONDS: "histogram",
     C.METRIC_E2E_SECONDS: "histogram",
     C.METRIC_QUEUE_TIME_SECONDS: "histogram",
+    C.METRIC_COMPUTED_PROMPT_TOKENS_TOTAL: "counter",
+    C.METRIC_QUEUE_PROMPT_TOKENS: "gauge",
+    C.METRIC_DISAGG_SENT_TOKENS_TOTAL: "counter",
+    C.METRIC_DISAGG_RECEIVED_TOKENS_TOTAL: "counter",
+    C.METRIC_DISAGG_FAILED_TRANSFERS_TOTAL: "counter",
+    C.METRIC_DISAGG_WAITING_REQUESTS: "gauge",
+    C.METRIC_DISAGG_TRANSFER_SECONDS: "histogram",
 }
 CONSTANT_METRICS = {
     v for k, v in vars(C).items() if k.startswith("METRIC_") and k != "METRIC_PREFIX"

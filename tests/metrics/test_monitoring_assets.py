@@ -176,6 +176,9 @@ def test_adapter_exposes_the_hpa_metrics_per_pod():
     assert {r["name"]["as"] for r in rules} == {
         C.HPA_METRIC_QUEUE_DEPTH,
         C.HPA_METRIC_KV_TOKEN_USAGE,
+        C.METRIC_QUEUE_PROMPT_TOKENS,  # a P/D prefill pool
+        C.METRIC_RUNNING_REQUESTS,  # a P/D decode pool
+        C.METRIC_DISAGG_WAITING_REQUESTS,
     }
     for r in rules:
         assert r["resources"]["overrides"] == {

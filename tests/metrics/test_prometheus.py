@@ -284,7 +284,7 @@ def test_every_expression_parses_and_evaluates(evaluated):
     }
     assert not failed, failed
     assert len(evaluated) == (
-        len(dashboard_queries()) + 2 + len(alert_queries()) + 6 + len(recording_queries())
+        len(dashboard_queries()) + 2 + len(alert_queries()) + 12 + len(recording_queries())
         + len(PEAK_RECORDS)
     )
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from invalid_disaggregation_cases import INVALID_DISAGGREGATION_CASES
+
 BUNDLED = {"source": "bundled://smollm2-135m"}
 
 
@@ -338,3 +340,4 @@ INVALID_CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "--metrics-compat is set by the operator while spec.inferencePool.enabled",
     ),
 ]
+INVALID_CASES += INVALID_DISAGGREGATION_CASES

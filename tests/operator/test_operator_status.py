@@ -261,6 +261,7 @@ def test_ready_status_reports_counts_url_selector_and_image():
         "image": "img:1",
         "router": None,  # spec.router off: cleared
         "model": None,  # not an hf:// model: no pin
+        "disaggregation": None,  # spec.disaggregation off: cleared
         "observedGeneration": 4,
     }
 

@@ -28,9 +28,9 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from .conditions import hpa_problem
 from .kube import HPAS, KubeApi, Resource
 from .replicas import field_owners
-from .status import hpa_problem
 
 Key = tuple[str, str, str]  # (kind, namespace, name)
 

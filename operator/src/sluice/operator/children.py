@@ -6,9 +6,11 @@ wanted children with server-side apply (skipping those already as rendered: drif
 longer wants (HPA when autoscaling is off, PodMonitor when monitoring is off,
 NetworkPolicy when the policy is off, the router's objects (its PodDisruptionBudget too)
 when the router is off, the
-InferencePool when the pool is off). A child is known by its kind and name: the runtime's
-are named after the InferenceService, the router's `<name>-router`, and the Service the
-router discovers the runtime pods from `<name>-workers`.
+InferencePool when the pool is off), and the runtime children of the other shape when
+disaggregation is switched on or off. A child is known by its kind and name: the runtime's
+are named after the InferenceService (with disaggregation each pool's `<name>-prefill` /
+`<name>-decode`), the router's `<name>-router`, and the Service the router discovers the
+runtime pods from `<name>-workers`.
 
 Failures are typed for the reconcile: `ApiError` (transient or not) passes through,
 except a 403 for an optional kind, which is `OptionalForbidden` (the reconcile goes on
@@ -19,8 +21,10 @@ Both heal by themselves or by a human, never by a spec change, so they are retri
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import kopf
@@ -33,6 +37,7 @@ from .builders import (
     build_networkpolicy,
     build_pdb,
     build_podmonitor,
+    build_pool_service,
     build_router_deployment,
     build_router_networkpolicy,
     build_router_pdb,
@@ -65,7 +70,7 @@ from .optional import OPTIONAL_RESOURCES, OptionalForbidden
 from .spec import InferenceServiceSpec
 
 Key = tuple[str, str]  # (kind, name): which child
-Builder = Callable[[InferenceServiceSpec], dict[str, Any]]
+Make = Callable[[], dict[str, Any]]  # renders one child
 
 
 def key_of(obj: Mapping[str, Any]) -> Key:
@@ -74,15 +79,23 @@ def key_of(obj: Mapping[str, Any]) -> Key:
 
 @dataclass(frozen=True)
 class Plan:
-    """Children to apply (in order) and optional children that must not exist."""
+    """Children to apply (in order), optional children that must not exist, and the
+    runtime children of the shape not in use (`retire`: disaggregation switched on or off),
+    which must not exist either but are looked up in the watch cache only: they are ours,
+    labelled and watched, and rarely there, so a resync need not read each of them."""
 
     apply: tuple[dict[str, Any], ...]
     remove: tuple[tuple[Resource, str], ...]
+    retire: tuple[tuple[Resource, str], ...] = ()
+
+    @property
+    def unwanted(self) -> tuple[tuple[Resource, str], ...]:
+        return (*self.remove, *self.retire)
 
     @property
     def keys(self) -> list[Key]:
         """Every child the plan applies or removes."""
-        return [key_of(obj) for obj in self.apply] + [(r.kind, n) for r, n in self.remove]
+        return [key_of(obj) for obj in self.apply] + [(r.kind, n) for r, n in self.unwanted]
 
 
 def plan(
@@ -90,52 +103,66 @@ def plan(
     *,
     podmonitors: bool | None,
     inferencepools: bool | None = None,
-    replicas: int | None = FROM_SPEC,
+    replicas: Mapping[str, int | None] | None = None,
     run_as_user: int | None = c.RUN_AS_USER,
     to_router: bool = False,
 ) -> Plan:
     """`podmonitors`: True to create one, False to remove ours, None to leave it alone
     (the PodMonitor API is not served, so there is nothing to create or delete);
     `inferencepools`: True where the InferencePool API is served (whether the spec wants
-    one decides), None where it is not. `replicas`: the Deployment's count (None: left to
-    the HPA; see replicas.py). `to_router`: the model Service selects the router pods
-    (the reconcile says so once a router replica serves)."""
+    one decides), None where it is not. `replicas`: the count of each runtime Deployment,
+    by name (None: left to the HPA; see replicas.py; a Deployment not named: the spec's).
+    `to_router`: the model Service selects the router pods (the reconcile says so once a
+    router replica serves; always with disaggregation, whose pods serve only the router)."""
+    counts = replicas or {}
+    views = isvc.runtime_views  # the service, or its two P/D pools
+    disaggregated = isvc.disaggregation.enabled
     wanted: list[dict[str, Any]] = [
-        build_deployment(isvc, replicas=replicas, run_as_user=run_as_user),
+        *(build_deployment(view, replicas=counts.get(view.runtime_name, FROM_SPEC),
+                           run_as_user=run_as_user) for view in views),
         build_service(isvc, to_router=to_router and isvc.router.enabled),
-        build_pdb(isvc),
-    ]
+        *(build_pool_service(view) for view in views if disaggregated),
+        *(build_pdb(view) for view in views),
+    ]  # fmt: skip
     routed = isvc.router.enabled
     name, router = isvc.name, isvc.router_name
-    optional: list[tuple[bool | None, Builder, Resource, str]] = [
-        (isvc.autoscaling.enabled, build_hpa, HPAS, name),
-        (podmonitors, build_podmonitor, PODMONITORS, name),
-        (isvc.network_policy.enabled, build_networkpolicy, NETWORKPOLICIES, name),
-        (routed, build_router_service_account, SERVICEACCOUNTS, router),
-        (routed, build_router_role, ROLES, router),
-        (routed, build_router_role_binding, ROLEBINDINGS, router),
-        (routed, build_workers_service, SERVICES, isvc.workers_service_name),
-        (
-            routed,
-            lambda spec: build_router_deployment(spec, run_as_user=run_as_user),
-            DEPLOYMENTS,
-            router,
-        ),
-        (routed, build_router_pdb, PDBS, router),
-        (None if podmonitors is None else podmonitors and routed,
-         build_router_podmonitor, PODMONITORS, router),
-        (isvc.network_policy.enabled and routed, build_router_networkpolicy, NETWORKPOLICIES,
+    optional: list[tuple[bool | None, Make, Resource, str]] = [
+        *((view.autoscaling.enabled, partial(build_hpa, view), HPAS, view.runtime_name)
+          for view in views),
+        (podmonitors, partial(build_podmonitor, isvc), PODMONITORS, name),
+        (isvc.network_policy.enabled, partial(build_networkpolicy, isvc), NETWORKPOLICIES, name),
+        (routed, partial(build_router_service_account, isvc), SERVICEACCOUNTS, router),
+        (routed, partial(build_router_role, isvc), ROLES, router),
+        (routed, partial(build_router_role_binding, isvc), ROLEBINDINGS, router),
+        (routed and not disaggregated, partial(build_workers_service, isvc), SERVICES,
+         isvc.workers_service_name),
+        (routed, partial(build_router_deployment, isvc, run_as_user=run_as_user), DEPLOYMENTS,
          router),
+        (routed, partial(build_router_pdb, isvc), PDBS, router),
+        (None if podmonitors is None else podmonitors and routed,
+         partial(build_router_podmonitor, isvc), PODMONITORS, router),
+        (isvc.network_policy.enabled and routed, partial(build_router_networkpolicy, isvc),
+         NETWORKPOLICIES, router),
         (None if inferencepools is None else isvc.inference_pool.enabled,
-         build_inferencepool, INFERENCEPOOLS, name),
+         partial(build_inferencepool, isvc), INFERENCEPOOLS, name),
     ]  # fmt: skip
     unwanted: list[tuple[Resource, str]] = []
-    for enabled, builder, resource, child in optional:
+    for enabled, make, resource, child in optional:
         if enabled:
-            wanted.append(builder(isvc))
+            wanted.append(make())
         elif enabled is not None:
             unwanted.append((resource, child))
-    return Plan(apply=tuple(wanted), remove=tuple(unwanted))
+    return Plan(apply=tuple(wanted), remove=tuple(unwanted), retire=other_shape(isvc))
+
+
+def other_shape(isvc: InferenceServiceSpec) -> tuple[tuple[Resource, str], ...]:
+    """The runtime children of the shape the spec does not use, for switching
+    disaggregation on (the service's Deployment, PDB and HPA go) or off (each pool's
+    Deployment, Service, PDB and HPA go)."""
+    if isvc.disaggregation.enabled:
+        return ((DEPLOYMENTS, isvc.name), (PDBS, isvc.name), (HPAS, isvc.name))
+    pools = [dataclasses.replace(isvc, role=role).runtime_name for role in c.ROLES]
+    return tuple((kind, pool) for pool in pools for kind in (DEPLOYMENTS, SERVICES, PDBS, HPAS))
 
 
 class Blocked(Exception):
@@ -215,8 +242,9 @@ async def read_children(
     api: CachedApi, the_plan: Plan, namespace: str
 ) -> dict[Key, dict[str, Any] | None]:
     """The current object of every child the plan applies or removes. One to remove is
-    only ever ours (labelled, so watched): unknown to the cache means absent. One to apply
-    unknown to the cache is read (it may be someone else's, which the cache never sees)."""
+    only ever ours (labelled, so watched): unknown to the cache means absent (a retired
+    one is read from the cache even when the reconcile is fresh). One to apply unknown to
+    the cache is read (it may be someone else's, which the cache never sees)."""
     found: dict[Key, dict[str, Any] | None] = {}
     for obj in the_plan.apply:
         resource, name = resource_of(obj), key_of(obj)[1]
@@ -225,6 +253,8 @@ async def read_children(
     for resource, name in the_plan.remove:
         with optional_denials(resource):
             found[(resource.kind, name)] = await api.get_ours(resource, namespace, name)
+    for resource, name in the_plan.retire:
+        found[(resource.kind, name)] = api.cache.get(resource.kind, namespace, name)
     return found
 
 
@@ -267,7 +297,7 @@ async def apply_children(
             result.created.append(key)
         elif not owned_by(current, owner_uid):
             result.adopted.append(key)  # an orphan of ours (check_ownership let it through)
-    for resource, name in the_plan.remove:
+    for resource, name in the_plan.unwanted:
         current = existing.get((resource.kind, name))
         if current is not None and owned_by(current, owner_uid):
             uid = current["metadata"]["uid"]

@@ -18,7 +18,7 @@ SHORT_NAME = "sisvc"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 # the CRD schema this operator was built for (crds/inferenceservice.yaml carries it in the
 # annotation below; bump both with every schema change)
-CRD_SCHEMA_VERSION = 4
+CRD_SCHEMA_VERSION = 5
 ANNOTATION_SCHEMA_VERSION = "sluice.dev/schema-version"
 
 # --- who we are ---------------------------------------------------------------------------
@@ -72,7 +72,9 @@ TMP_DIR = "/tmp"
 SHM_DIR = "/dev/shm"
 SHARED_CACHE_DIR = "/models-cache"  # a ReadWriteMany claim: the download's HF_HOME
 VOLUME_MODEL = "model"
-LORA_DIR = "/lora"  # spec.model.lora: hf:// adapters in LORA_DIR/hf/NAME, pvc:// claims under LORA_DIR/pvc
+LORA_DIR = (
+    "/lora"  # spec.model.lora: hf:// adapters in LORA_DIR/hf/NAME, pvc:// claims under LORA_DIR/pvc
+)
 VOLUME_LORA = "lora"
 ENV_LORA_ADAPTERS = "SLUICE_LORA_ADAPTERS"
 VOLUME_MODEL_CACHE = "model-cache"
@@ -186,3 +188,29 @@ DEFAULT_EPP_PORT = 9002  # the endpoint picker's ext-proc gRPC port
 EPP_FAILURE_MODES = ("FailClose", "FailOpen")
 DEFAULT_EPP_FAILURE_MODE = "FailClose"
 METRICS_COMPAT_VLLM = "vllm"  # what the endpoint picker reads by default
+
+# --- prefill/decode disaggregation (spec.disaggregation) ----------------------------------------
+ROLE_PREFILL = "prefill"  # `sluice serve --disaggregation-mode prefill`
+ROLE_DECODE = "decode"
+ROLES = (ROLE_PREFILL, ROLE_DECODE)
+# on a P/D pool's pods (and its Deployment, Service, PDB, HPA): which pool, in the runtime
+# flag's own words; each pool's Deployment and Service select on it
+LABEL_DISAGGREGATION_MODE = f"{GROUP}/disaggregation-mode"
+# each pool's Deployment, Service, PodDisruptionBudget and HPA: <name>-prefill, <name>-decode
+MAX_DISAGGREGATED_NAME_LENGTH = MAX_NAME_LENGTH - len("-" + ROLE_PREFILL)
+DEFAULT_POOL_REPLICAS = 1
+# autoscaling metric types of the pools: the prefill pool scales on the prompt tokens waiting
+# to be computed, the decode pool on the requests it decodes
+METRIC_QUEUE_PROMPT_TOKENS = "queuePromptTokens"
+METRIC_RUNNING_REQUESTS = "runningRequests"
+METRIC_DISAGG_WAITING_REQUESTS = "disaggWaitingRequests"
+POOL_METRIC_TYPES = {
+    ROLE_PREFILL: (METRIC_QUEUE_PROMPT_TOKENS, METRIC_QUEUE_DEPTH),
+    ROLE_DECODE: (METRIC_RUNNING_REQUESTS, METRIC_KV_TOKEN_USAGE, METRIC_DISAGG_WAITING_REQUESTS),
+}
+# not measured with `sluice plan` yet: one chunked-prefill batch of an 80-160 GiB GPU waiting
+# per prefill pod, and the CPU's default request slots running per decode pod
+DEFAULT_POOL_METRICS = {
+    ROLE_PREFILL: ((METRIC_QUEUE_PROMPT_TOKENS, 8192.0),),
+    ROLE_DECODE: ((METRIC_RUNNING_REQUESTS, 64.0),),
+}

@@ -8,6 +8,7 @@ at once.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 from sluice.runtime import constants as rc
 
 from . import constants as c
+from .compute_fields import read_autoscaling, read_resources
+from .disaggregation_fields import read_disaggregation
 from .pod_fields import (
     RESERVED_ENV,
     read_env,
@@ -24,16 +27,7 @@ from .pod_fields import (
 )
 from .routing_fields import check_metrics_compat, read_inference_pool, read_router
 from .sources import read_model, read_secret_ref
-from .spec import (
-    Autoscaling,
-    InferenceServiceSpec,
-    MetricTarget,
-    Resources,
-    Rollout,
-    RuntimeOptions,
-    ScalingPolicy,
-    ScalingRules,
-)
+from .spec import InferenceServiceSpec, Resources, Rollout, RuntimeOptions
 from .validation import (
     DNS1035_LABEL,
     IMAGE,
@@ -42,10 +36,6 @@ from .validation import (
 )
 
 __all__ = ["MANAGED_FLAGS", "RESERVED_ENV", "SpecError", "abbreviates", "parse_spec"]
-
-GPU_RESOURCE = re.compile(
-    r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
 
 # flags the operator sets itself; extraArgs may not repeat them
 MANAGED_FLAGS = (
@@ -66,6 +56,8 @@ MANAGED_FLAGS = (
     rc.FLAG_DTYPE,
     rc.FLAG_STARTUP_TIMEOUT,
     rc.FLAG_DRAIN_TIMEOUT,
+    rc.FLAG_DISAGGREGATION_MODE,
+    rc.FLAG_DISAGGREGATION_BOOTSTRAP_PORT,
 )
 SPEC_FIELDS = (
     "model",
@@ -85,6 +77,7 @@ SPEC_FIELDS = (
     "networkPolicy",
     "router",
     "inferencePool",
+    "disaggregation",
 )
 RUNTIME_FIELDS = (
     "tensorParallelSize",
@@ -99,8 +92,6 @@ RUNTIME_FIELDS = (
     "apiKeySecretRef",
     "extraArgs",
 )
-POLICY_TYPES = ("Pods", "Percent")
-SELECT_POLICIES = ("Max", "Min", "Disabled")
 
 
 def parse_spec(
@@ -134,9 +125,9 @@ def parse_spec(
         maximum=c.MAX_REPLICAS,
     )
     rollout = _rollout(r, spec)
-    resources = _resources(r, spec)
+    resources = read_resources(r, spec, "spec.resources")
     runtime = _runtime(r, spec, resources)
-    autoscaling = _autoscaling(r, spec)
+    autoscaling = read_autoscaling(r, spec, "spec.autoscaling")
     scheduling = read_scheduling(r, spec)
     env = read_env(r, spec)
     pod = read_pod_options(r, spec)
@@ -144,6 +135,12 @@ def parse_spec(
     router = read_router(r, spec, name, router_image)
     inference_pool = read_inference_pool(r, spec)
     check_metrics_compat(r, runtime, inference_pool)
+    disaggregation = read_disaggregation(
+        r, spec, name, resources=resources, autoscaling=autoscaling, runtime=runtime,
+        inference_pool=inference_pool,
+    )  # fmt: skip
+    if disaggregation.enabled:  # the router pairs the pools' pods: it is part of P/D
+        router = dataclasses.replace(router, enabled=True)
     startup = r.integer(
         spec,
         "startupTimeoutSeconds",
@@ -181,6 +178,7 @@ def parse_spec(
         network_policy=network_policy,
         router=router,
         inference_pool=inference_pool,
+        disaggregation=disaggregation,
     )
 
 
@@ -212,27 +210,6 @@ def _rollout(r: Reader, spec: Mapping[str, Any]) -> Rollout:
             p, "maxSurge and maxUnavailable must not both be 0 (the rollout could never progress)"
         )
     return Rollout(max_surge=values["maxSurge"], max_unavailable=values["maxUnavailable"])
-
-
-def _resources(r: Reader, spec: Mapping[str, Any]) -> Resources:
-    res = r.mapping(spec, "resources", "spec.resources")
-    r.known(res, ("gpus", "gpuResource", "cpu", "memory", "shmSize"), "spec.resources")
-    gpus = r.integer(res, "gpus", "spec.resources.gpus", default=0, minimum=0, maximum=c.MAX_GPUS)
-    gpu_resource = r.string(
-        res,
-        "gpuResource",
-        "spec.resources.gpuResource",
-        default=c.DEFAULT_GPU_RESOURCE,
-        pattern=GPU_RESOURCE,
-        max_length=253,
-    )
-    return Resources(
-        gpus=gpus or 0,
-        gpu_resource=gpu_resource or c.DEFAULT_GPU_RESOURCE,
-        cpu=r.quantity(res, "cpu", "spec.resources.cpu"),
-        memory=r.quantity(res, "memory", "spec.resources.memory"),
-        shm_size=r.quantity(res, "shmSize", "spec.resources.shmSize"),
-    )
 
 
 def _runtime(r: Reader, spec: Mapping[str, Any], resources: Resources) -> RuntimeOptions:
@@ -307,95 +284,3 @@ def abbreviates(arg: str) -> str | None:
     if not flag.startswith("--"):
         return None
     return next((managed for managed in MANAGED_FLAGS if managed.startswith(flag)), None)
-
-
-def _autoscaling(r: Reader, spec: Mapping[str, Any]) -> Autoscaling:
-    a = r.mapping(spec, "autoscaling", "spec.autoscaling")
-    p = "spec.autoscaling"
-    r.known(a, ("enabled", "policy", "minReplicas", "maxReplicas", "metrics", "behavior"), p)
-    enabled = r.boolean(a, "enabled", f"{p}.enabled", default=False)
-    policy = r.string(
-        a, "policy", f"{p}.policy", default=c.DEFAULT_AUTOSCALING_POLICY, choices=c.AUTOSCALING_POLICIES
-    ) or c.DEFAULT_AUTOSCALING_POLICY
-    low = r.integer(
-        a,
-        "minReplicas",
-        f"{p}.minReplicas",
-        default=c.DEFAULT_MIN_REPLICAS,
-        minimum=1,
-        maximum=c.MAX_REPLICAS,
-    )
-    high = r.integer(
-        a,
-        "maxReplicas",
-        f"{p}.maxReplicas",
-        default=c.DEFAULT_MAX_REPLICAS,
-        minimum=1,
-        maximum=c.MAX_REPLICAS,
-    )
-    low, high = low or c.DEFAULT_MIN_REPLICAS, high or c.DEFAULT_MAX_REPLICAS
-    if low > high:
-        r.fail(f"{p}.minReplicas", f"{low} is greater than maxReplicas ({high})")
-    metrics = _metrics(r, a, p) if a.get("metrics") is not None else Autoscaling().metrics
-    behavior = r.mapping(a, "behavior", f"{p}.behavior")
-    r.known(behavior, ("scaleUp", "scaleDown"), f"{p}.behavior")
-    up = _scaling_rules(
-        r, behavior, "scaleUp", f"{p}.behavior.scaleUp", c.DEFAULT_SCALE_UP_WINDOW_SECONDS
-    )
-    down = _scaling_rules(
-        r, behavior, "scaleDown", f"{p}.behavior.scaleDown", c.DEFAULT_SCALE_DOWN_WINDOW_SECONDS
-    )
-    return Autoscaling(enabled, low, high, metrics, up, down, policy)
-
-
-def _metrics(r: Reader, a: Mapping[str, Any], p: str) -> tuple[MetricTarget, ...]:
-    items = r.objects(a, "metrics", f"{p}.metrics", max_items=len(c.METRIC_TYPES))
-    if not items and isinstance(a.get("metrics"), list):
-        r.fail(f"{p}.metrics", "must name at least one metric")
-    seen: set[str] = set()
-    metrics: list[MetricTarget] = []
-    for index, item in enumerate(items):
-        path = f"{p}.metrics[{index}]"
-        r.known(item, ("type", "target"), path)
-        kind = r.string(item, "type", f"{path}.type", required=True, choices=c.METRIC_TYPES)
-        maximum = 1.0 if kind == c.METRIC_KV_TOKEN_USAGE else 1e6
-        target = r.number(item, "target", f"{path}.target", exclusive_minimum=0, maximum=maximum)
-        if target is None:
-            r.fail(f"{path}.target", "is required")
-        if kind in seen:
-            r.fail(f"{path}.type", f"{kind} is listed twice")
-        if kind and target is not None:
-            seen.add(kind)
-            metrics.append(MetricTarget(kind, target))
-    return tuple(metrics)
-
-
-def _scaling_rules(
-    r: Reader, behavior: Mapping[str, Any], key: str, p: str, window: int
-) -> ScalingRules:
-    rules = r.mapping(behavior, key, p)
-    r.known(rules, ("stabilizationWindowSeconds", "selectPolicy", "policies"), p)
-    policies: list[ScalingPolicy] = []
-    for index, item in enumerate(r.objects(rules, "policies", f"{p}.policies", max_items=10)):
-        path = f"{p}.policies[{index}]"
-        r.known(item, ("type", "value", "periodSeconds"), path)
-        kind = r.string(item, "type", f"{path}.type", required=True, choices=POLICY_TYPES)
-        value = r.integer(item, "value", f"{path}.value", minimum=1)
-        period = r.integer(item, "periodSeconds", f"{path}.periodSeconds", minimum=1, maximum=1800)
-        if value is None or period is None:
-            r.fail(path, "value and periodSeconds are required")
-        elif kind:
-            policies.append(ScalingPolicy(kind, value, period))
-    return ScalingRules(
-        stabilization_window_seconds=r.integer(
-            rules,
-            "stabilizationWindowSeconds",
-            f"{p}.stabilizationWindowSeconds",
-            default=window,
-            minimum=0,
-            maximum=3600,
-        )
-        or 0,
-        select_policy=r.string(rules, "selectPolicy", f"{p}.selectPolicy", choices=SELECT_POLICIES),
-        policies=tuple(policies),
-    )

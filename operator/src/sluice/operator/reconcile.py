@@ -26,12 +26,13 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any
 
 import kopf
 
 from . import constants as c
-from .builders.common import router_selector_labels, selector_labels
+from .builders.common import selector_labels
 from .cache import Cache, CachedApi
 from .children import (
     Applied,
@@ -40,16 +41,15 @@ from .children import (
     Plan,
     apply_children,
     check_ownership,
-    deployment_of,
     key_of,
     owned_by,
     plan,
     read_children,
 )
+from .conditions import RuntimePods
 from .events import post_event
 from .kube import (
     DEPLOYMENTS,
-    HPAS,
     INFERENCEPOOLS,
     INFERENCESERVICES,
     PODMONITORS,
@@ -57,7 +57,7 @@ from .kube import (
     KubeApi,
     Resource,
 )
-from .observe import read_pods
+from .observe import read_pods, read_router_pods, read_runtime_pods
 from .optional import (
     OPTIONAL_RESOURCES,
     USED,
@@ -66,14 +66,13 @@ from .optional import (
     OptionalState,
 )
 from .parsing import parse_spec
-from .replicas import decide, handover_object
+from .replicas import decide_for, handover_object
 from .revisions import ModelPin, RevisionError, pin_model, pinned
 from .settings import Settings
 from .spec import InferenceServiceSpec
 from .status import (
     Failure,
     Observed,
-    RouterObserved,
     capacity_recheck,
     compute_status,
     status_changed,
@@ -280,28 +279,27 @@ async def _apply_and_observe(
         observed = failed_observation(body, deployment, failure=failure, optional=states)
         return await _report(ctx, body, observed, RETRY)
 
-    hpa = existing.get((HPAS.kind, name))
-    decision = decide(
-        isvc,
-        existing.get((DEPLOYMENTS.kind, name)),
-        hpa_exists=hpa is not None and owned_by(hpa, uid),
-    )
-    if decision.copy_to_spec is not None:
+    # each runtime Deployment's count (the service's, or each P/D pool's): replicas.py
+    ours = partial(owned_by, owner_uid=uid)
+    decisions = {view.runtime_name: decide_for(view, existing, ours) for view in isvc.runtime_views}
+    copy = decisions[name].copy_to_spec if name in decisions else None
+    if copy is not None:
         logger.info(
             f"[{namespace}/{name}] autoscaling is off: keeping the autoscaler's"
-            f" {decision.copy_to_spec} replicas (spec.replicas {isvc.replicas} →"
-            f" {decision.copy_to_spec})"
+            f" {copy} replicas (spec.replicas {isvc.replicas} → {copy})"
         )
-        await ctx.api.scale(INFERENCESERVICES, namespace, name, decision.copy_to_spec)
-        isvc = dataclasses.replace(isvc, replicas=decision.copy_to_spec)
+        await ctx.api.scale(INFERENCESERVICES, namespace, name, copy)
+        isvc = dataclasses.replace(isvc, replicas=copy)
         body = await ctx.api.get(INFERENCESERVICES, namespace, name) or body
-    if decision.handover is not None:
-        await _hand_over(ctx.api, namespace, name, decision.handover)
+    for deployment_name, decision in decisions.items():
+        if decision.handover is not None:
+            await _hand_over(ctx.api, namespace, deployment_name, decision.handover)
 
     # the model Service selects the router pods only while an available router replica
-    # (ours) exists; otherwise the runtime pods, so the API never loses its endpoints
+    # (ours) exists; otherwise the runtime pods, so the API never loses its endpoints. P/D
+    # pods serve only the router's requests: then it always selects the router pods
     router = existing.get((DEPLOYMENTS.kind, isvc.router_name))
-    to_router = (
+    to_router = isvc.disaggregation.enabled or (
         isvc.router.enabled
         and router is not None
         and owned_by(router, uid)
@@ -313,15 +311,14 @@ async def _apply_and_observe(
             isvc,
             podmonitors=podmonitors,
             inferencepools=inferencepools,
-            replicas=decision.deployment_replicas,
+            replicas={n: d.deployment_replicas for n, d in decisions.items()},
             run_as_user=ctx.settings.run_as_user,
             to_router=to_router,
         )
 
     wanted = wanted_plan(isvc)
-    current = existing.get((DEPLOYMENTS.kind, name))
     if isvc.image != ctx.settings.default_image and not (body.get("spec") or {}).get("image"):
-        if current is None or not await _keeps_pods(ctx.api, wanted, current, body):
+        if not await _keeps_pods(ctx.api, isvc, wanted, existing, body):
             # the pods are (re)made anyway: make them with the current default image
             isvc = dataclasses.replace(isvc, image=ctx.settings.default_image)
             wanted = wanted_plan(isvc)
@@ -334,28 +331,33 @@ async def _apply_and_observe(
         deployment = existing.get((DEPLOYMENTS.kind, name))
         observed = failed_observation(body, deployment, failure=failure, optional=states)
         return await _report(ctx, body, observed, DONE)
-    if decision.release_handover:
-        await _hand_over(ctx.api, namespace, name, None)
+    for deployment_name, decision in decisions.items():
+        if decision.release_handover:
+            await _hand_over(ctx.api, namespace, deployment_name, None)
     await _announce(ctx, body, applied)
 
-    deployment = deployment_of(applied, name)
-    replica_set, pods = await read_pods(ctx.api, deployment, selector_labels(name))
+    runtime = {
+        view.role: await read_runtime_pods(ctx.api, view, applied.objects)
+        for view in isvc.runtime_views
+    }
+    whole = runtime.get(None) or RuntimePods(None)  # without disaggregation
     observed = Observed(
         name=name,
         namespace=namespace,
         generation=body["metadata"].get("generation"),
-        deployment=deployment,
-        replica_set=replica_set,
-        pods=pods,
-        hpa=applied.objects.get((HPAS.kind, name)),
-        autoscaling=isvc.autoscaling.enabled,
-        min_replicas=isvc.autoscaling.min_replicas,
-        default_replicas=isvc.replicas,
+        deployment=whole.deployment,
+        replica_set=whole.replica_set,
+        pods=whole.pods,
+        hpa=whole.hpa,
+        autoscaling=whole.autoscaling,
+        min_replicas=whole.min_replicas,
+        default_replicas=whole.default_replicas,
         served_model_name=isvc.model.served_name,
         image=isvc.image,
         model_pin=pin,
-        router=await _observe_router(ctx.api, isvc, applied, to_router),
+        router=await read_router_pods(ctx.api, isvc, applied.objects, to_router),
         optional=states,
+        pools={role: pods for role, pods in runtime.items() if role is not None},
     )
     return await _report(ctx, body, observed, DONE)
 
@@ -365,22 +367,6 @@ def router_serves(router: Mapping[str, Any]) -> bool:
     may select the router pods (until then, and whenever none is available, it selects
     the runtime pods, so the API never loses its endpoints to the router)."""
     return int((router.get("status") or {}).get("availableReplicas") or 0) > 0
-
-
-async def _observe_router(
-    api: CachedApi, isvc: InferenceServiceSpec, applied: Applied, routed: bool
-) -> RouterObserved | None:
-    if not isvc.router.enabled:
-        return None
-    router = applied.objects[(DEPLOYMENTS.kind, isvc.router_name)]
-    replica_set, pods = await read_pods(api, router, router_selector_labels(isvc.name))
-    return RouterObserved(
-        deployment=router,
-        replica_set=replica_set,
-        pods=pods,
-        replicas=isvc.router.replicas,
-        routed=routed,
-    )
 
 
 def failed_observation(
@@ -422,19 +408,28 @@ async def _owned(api: CachedApi, body: Mapping[str, Any]) -> dict[str, Any] | No
 
 
 async def _keeps_pods(
-    api: CachedApi, wanted: Plan, current: Mapping[str, Any], owner: Mapping[str, Any]
+    api: CachedApi,
+    isvc: InferenceServiceSpec,
+    wanted: Plan,
+    existing: Mapping[Key, Mapping[str, Any] | None],
+    owner: Mapping[str, Any],
 ) -> bool:
-    """Whether applying the planned Deployment leaves its pod template as it is (a dry
-    run: the API server answers with the object as it would store it, defaults and all,
-    so it compares like for like with the stored one)."""
-    name = owner["metadata"]["name"]
-    [deployment] = [
-        dict(child) for child in wanted.apply if key_of(child) == (DEPLOYMENTS.kind, name)
-    ]
-    kopf.adopt(deployment, owner=owner)  # type: ignore[arg-type]
-    would_be = await api.apply(deployment, dry_run=True)
-    template: Any = (would_be.get("spec") or {}).get("template")
-    return bool(template == (current.get("spec") or {}).get("template"))
+    """Whether applying the planned runtime Deployments (the service's, or its P/D pools')
+    leaves every one's pod template as it is, none being new (a dry run: the API server
+    answers with the object as it would store it, defaults and all, so it compares like
+    for like with the stored one)."""
+    planned = {key_of(child): child for child in wanted.apply}
+    for key in ((DEPLOYMENTS.kind, view.runtime_name) for view in isvc.runtime_views):
+        current = existing.get(key)
+        if current is None:
+            return False
+        deployment = dict(planned[key])
+        kopf.adopt(deployment, owner=owner)  # type: ignore[arg-type]
+        would_be = await api.apply(deployment, dry_run=True)
+        template: Any = (would_be.get("spec") or {}).get("template")
+        if template != (current.get("spec") or {}).get("template"):
+            return False
+    return True
 
 
 def _podmonitors_wanted(ctx: Context, state: OptionalState) -> bool | None:

@@ -22,16 +22,21 @@ hand-over is the documented one
   if the same edit set `spec.replicas`, that value wins. The hand-over manager then
   releases the field (an apply that owns nothing), should it still co-own it.
 
+With spec.disaggregation each pool's Deployment is decided alike, from the pool's view of
+the spec (its replicas and autoscaling), except that turning a pool's autoscaling off goes
+to the pool's `replicas` at once (there is no scale subresource to write the count into).
+
 The decision is pure (`decide`); the reconcile carries it out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import constants as c
+from .kube import DEPLOYMENTS, HPAS
 from .spec import InferenceServiceSpec
 
 
@@ -79,7 +84,9 @@ def decide(
             return ReplicasPlan(None)  # handed over already, the HPA has not written yet
         return ReplicasPlan(None, handover=start)
     release = c.HANDOVER_FIELD_MANAGER in owners
-    if not (hpa_exists or release) or current == isvc.replicas:
+    if not (hpa_exists or release) or current == isvc.replicas or isvc.role is not None:
+        # (a P/D pool has no scale subresource to keep the HPA's count in: its own
+        # `replicas` applies at once)
         return ReplicasPlan(isvc.replicas, release_handover=release)
     recorded = ((deployment.get("metadata") or {}).get("annotations") or {}).get(
         c.ANNOTATION_SPEC_REPLICAS
@@ -88,6 +95,21 @@ def decide(
         # the same edit asked for a count: it wins
         return ReplicasPlan(isvc.replicas, release_handover=release)
     return ReplicasPlan(current, copy_to_spec=current, release_handover=release)
+
+
+def decide_for(
+    view: InferenceServiceSpec,
+    children: Mapping[tuple[str, str], Mapping[str, Any] | None],
+    ours: Callable[[Mapping[str, Any]], bool],
+) -> ReplicasPlan:
+    """`decide` for the runtime Deployment of `view` (the service, or a P/D pool's view of
+    it), from the children that exist by (kind, name); `ours`: whether this service owns
+    one."""
+    name = view.runtime_name
+    hpa = children.get((HPAS.kind, name))
+    return decide(
+        view, children.get((DEPLOYMENTS.kind, name)), hpa_exists=hpa is not None and ours(hpa)
+    )
 
 
 def handover_object(name: str, namespace: str, replicas: int | None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ and the status take them as given.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -134,16 +135,24 @@ class RuntimeOptions:
     extra_args: tuple[str, ...] = ()
 
 
+# autoscaling metric type -> the per-pod custom metric the HPA reads (prometheus-adapter)
+HPA_METRICS = {
+    c.METRIC_QUEUE_DEPTH: rc.HPA_METRIC_QUEUE_DEPTH,
+    c.METRIC_KV_TOKEN_USAGE: rc.HPA_METRIC_KV_TOKEN_USAGE,
+    c.METRIC_QUEUE_PROMPT_TOKENS: rc.METRIC_QUEUE_PROMPT_TOKENS,
+    c.METRIC_RUNNING_REQUESTS: rc.METRIC_RUNNING_REQUESTS,
+    c.METRIC_DISAGG_WAITING_REQUESTS: rc.METRIC_DISAGG_WAITING_REQUESTS,
+}
+
+
 @dataclass(frozen=True)
 class MetricTarget:
-    type: str  # queueDepth | kvTokenUsage
+    type: str  # a key of HPA_METRICS: queueDepth, kvTokenUsage, or a P/D pool's own
     target: float  # average per pod
 
     @property
     def metric_name(self) -> str:
-        if self.type == c.METRIC_QUEUE_DEPTH:
-            return rc.HPA_METRIC_QUEUE_DEPTH
-        return rc.HPA_METRIC_KV_TOKEN_USAGE
+        return HPA_METRICS[self.type]
 
 
 @dataclass(frozen=True)
@@ -242,6 +251,30 @@ class InferencePoolOptions:
 
 
 @dataclass(frozen=True)
+class PoolSpec:
+    """One pool of a disaggregated service (`spec.disaggregation.prefill` / `.decode`):
+    `sluice serve --disaggregation-mode ROLE` pods. `resources` and `autoscaling` are the
+    service's own where the pool sets none (field by field; its metrics are the pool's)."""
+
+    role: str  # prefill | decode
+    replicas: int = c.DEFAULT_POOL_REPLICAS
+    resources: Resources = Resources()
+    autoscaling: Autoscaling = Autoscaling()
+
+
+@dataclass(frozen=True)
+class Disaggregation:
+    """Prefill/decode disaggregation (spec.disaggregation): a prefill pool computes prompts
+    and serves their KV on `bootstrap_port` to a decode pool, which generates; `sluice
+    router --pd-disaggregation` (always on then) pairs one pod of each per request."""
+
+    enabled: bool = False
+    prefill: PoolSpec = PoolSpec(c.ROLE_PREFILL)
+    decode: PoolSpec = PoolSpec(c.ROLE_DECODE)
+    bootstrap_port: int = rc.DISAGG_DEFAULT_BOOTSTRAP_PORT
+
+
+@dataclass(frozen=True)
 class InferenceServiceSpec:
     name: str
     namespace: str
@@ -260,6 +293,9 @@ class InferenceServiceSpec:
     network_policy: NetworkPolicy = NetworkPolicy()
     router: RouterOptions = RouterOptions()
     inference_pool: InferencePoolOptions = InferencePoolOptions()
+    disaggregation: Disaggregation = Disaggregation()
+    # set only in a pool's view of the spec (`for_pool`): which P/D pool it renders
+    role: str | None = None
 
     @property
     def drain_timeout_seconds(self) -> int:
@@ -283,6 +319,33 @@ class InferenceServiceSpec:
     @property
     def endpoint_picker_name(self) -> str:
         return self.inference_pool.endpoint_picker or self.name + c.EPP_SUFFIX
+
+    @property
+    def runtime_name(self) -> str:
+        """The runtime pods' Deployment (and PodDisruptionBudget, HPA): `<name>`, or in a
+        pool's view `<name>-prefill` / `<name>-decode` (its Service too)."""
+        return self.name if self.role is None else f"{self.name}-{self.role}"
+
+    def for_pool(self, pool: PoolSpec) -> InferenceServiceSpec:
+        """The spec as one P/D pool's children see it: the pool's replicas, resources and
+        autoscaling in place of the service's, and its role."""
+        return dataclasses.replace(
+            self,
+            replicas=pool.replicas,
+            resources=pool.resources,
+            autoscaling=pool.autoscaling,
+            role=pool.role,
+        )
+
+    @property
+    def runtime_views(self) -> tuple[InferenceServiceSpec, ...]:
+        """One view per Deployment of runtime pods: the service itself, or with
+        disaggregation its prefill pool's and its decode pool's."""
+        if not self.disaggregation.enabled:
+            return (self,)
+        return tuple(
+            self.for_pool(p) for p in (self.disaggregation.prefill, self.disaggregation.decode)
+        )
 
     @property
     def autoscaled_start_replicas(self) -> int:

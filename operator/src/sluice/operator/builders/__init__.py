@@ -18,7 +18,7 @@ from .router_rbac import (
     build_router_service_account,
 )
 from .service import build_service
-from .workers import build_workers_service
+from .workers import build_pool_service, build_workers_service
 
 __all__ = [
     "build_deployment",
@@ -27,6 +27,7 @@ __all__ = [
     "build_networkpolicy",
     "build_pdb",
     "build_podmonitor",
+    "build_pool_service",
     "build_router_deployment",
     "build_router_networkpolicy",
     "build_router_pdb",

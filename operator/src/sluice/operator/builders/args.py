@@ -53,6 +53,10 @@ def serve_args(isvc: InferenceServiceSpec, model_argument: str) -> list[str]:
         # torch would run one thread per core of the node; the pod pays for `cpu` cores
         # (a flag in extraArgs, later on the line, wins)
         args += [rc.FLAG_TORCH_THREADS, str(threads)]
+    if isvc.role is not None:  # a P/D pool's server
+        args += [rc.FLAG_DISAGGREGATION_MODE, isvc.role]
+        if isvc.role == c.ROLE_PREFILL:
+            args += [rc.FLAG_DISAGGREGATION_BOOTSTRAP_PORT, str(isvc.disaggregation.bootstrap_port)]
     if isvc.inference_pool.enabled:  # the endpoint picker reads vLLM's metric names
         args += [rc.FLAG_METRICS_COMPAT, c.METRICS_COMPAT_VLLM]
     lora = isvc.model.lora

@@ -18,14 +18,19 @@ def _labels(app: str, component: str, name: str) -> dict[str, str]:
     }
 
 
-def selector_labels(name: str) -> dict[str, str]:
-    """The labels that select this service's pods (immutable in a Deployment)."""
-    return {c.LABEL_NAME: c.APP_NAME, c.LABEL_INSTANCE: name}
+def _pool(role: str | None) -> dict[str, str]:
+    return {} if role is None else {c.LABEL_DISAGGREGATION_MODE: role}
 
 
-def labels(name: str) -> dict[str, str]:
-    """All labels a child object and its pods carry."""
-    return _labels(c.APP_NAME, c.COMPONENT, name)
+def selector_labels(name: str, role: str | None = None) -> dict[str, str]:
+    """The labels that select this service's runtime pods (immutable in a Deployment); with
+    `role`, only those of its P/D pool."""
+    return {c.LABEL_NAME: c.APP_NAME, c.LABEL_INSTANCE: name} | _pool(role)
+
+
+def labels(name: str, role: str | None = None) -> dict[str, str]:
+    """All labels a child object and its pods carry (a P/D pool's: its role too)."""
+    return _labels(c.APP_NAME, c.COMPONENT, name) | _pool(role)
 
 
 def router_selector_labels(name: str) -> dict[str, str]:
@@ -58,8 +63,13 @@ def selector_string(name: str) -> str:
 
 
 def object_meta(isvc: InferenceServiceSpec, name: str | None = None) -> dict[str, Any]:
-    """Metadata of a child about the runtime pods (named `name`, default the service's)."""
-    return {"name": name or isvc.name, "namespace": isvc.namespace, "labels": labels(isvc.name)}
+    """Metadata of a child about the runtime pods (named `name`, default `runtime_name`:
+    the service's, or in a pool's view the pool's)."""
+    return {
+        "name": name or isvc.runtime_name,
+        "namespace": isvc.namespace,
+        "labels": labels(isvc.name, isvc.role),
+    }
 
 
 def router_meta(isvc: InferenceServiceSpec) -> dict[str, Any]:

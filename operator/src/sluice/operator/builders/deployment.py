@@ -57,7 +57,7 @@ def build_deployment(
     if replicas is not None:
         spec["replicas"] = replicas
     spec |= {
-        "selector": {"matchLabels": selector_labels(isvc.name)},
+        "selector": {"matchLabels": selector_labels(isvc.name, isvc.role)},
         "strategy": {
             "type": "RollingUpdate",
             "rollingUpdate": {
@@ -81,7 +81,7 @@ def build_deployment(
 def pod_metadata(isvc: InferenceServiceSpec) -> dict[str, Any]:
     """The operator's labels and scrape annotations, after the user's own."""
     return {
-        "labels": {**isvc.pod.labels, **labels(isvc.name)},
+        "labels": {**isvc.pod.labels, **labels(isvc.name, isvc.role)},
         "annotations": {**isvc.pod.annotations, **scrape_annotations()},
     }
 
@@ -162,9 +162,7 @@ def runtime_container(
         "image": isvc.image,
         "command": serve_command(),
         "args": serve_args(isvc, model_argument),
-        "ports": [
-            {"name": rc.CONTAINER_PORT_NAME, "containerPort": rc.DEFAULT_PORT, "protocol": "TCP"}
-        ],
+        "ports": container_ports(isvc),
         "env": runtime_env(isvc),
     }
     resources = resource_requirements(isvc, runtime=True)
@@ -185,6 +183,17 @@ def runtime_container(
         "securityContext": container_security_context(),
     }
     return container
+
+
+def container_ports(isvc: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The HTTP port; a prefill pod's also the port decode pods fetch the KV from."""
+    ports = [{"name": rc.CONTAINER_PORT_NAME, "containerPort": rc.DEFAULT_PORT, "protocol": "TCP"}]
+    if isvc.role == c.ROLE_PREFILL:
+        port = isvc.disaggregation.bootstrap_port
+        ports.append(
+            {"name": rc.DISAGG_BOOTSTRAP_PORT_NAME, "containerPort": port, "protocol": "TCP"}
+        )
+    return ports
 
 
 def runtime_env(isvc: InferenceServiceSpec) -> list[dict[str, Any]]:
@@ -211,7 +220,7 @@ def http_probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
 def default_topology_spread(isvc: InferenceServiceSpec) -> list[dict[str, Any]]:
     """Spread the pods of one version over nodes, as evenly as the nodes allow (never
     blocking scheduling: GPU nodes are scarce)."""
-    return node_spread(selector_labels(isvc.name))
+    return node_spread(selector_labels(isvc.name, isvc.role))
 
 
 def scheduling_fields(isvc: InferenceServiceSpec) -> dict[str, Any]:

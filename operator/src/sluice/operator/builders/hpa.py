@@ -1,4 +1,7 @@
-"""The autoscaling/v2 HPA that scales the Deployment.
+"""The autoscaling/v2 HPA that scales the Deployment of runtime pods (with
+spec.disaggregation, one per pool whose autoscaling is on: `<name>-prefill` on the prompt
+tokens waiting, `queuePromptTokens` = `sluice_queue_prompt_tokens`, and `<name>-decode` on
+the requests it decodes, `runningRequests` = `sluice_running_requests`, by default).
 
 `policy: hpa` scales on the runtime's per-pod scheduler metrics: `queueDepth` is
 `sluice_queue_requests` (requests waiting per pod) and `kvTokenUsage` is
@@ -29,7 +32,11 @@ def build_hpa(isvc: InferenceServiceSpec) -> dict[str, Any]:
         "kind": "HorizontalPodAutoscaler",
         "metadata": object_meta(isvc),
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": isvc.name},
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": isvc.runtime_name,
+            },
             "minReplicas": scaling.min_replicas,
             "maxReplicas": scaling.max_replicas,
             "metrics": _metrics(isvc),

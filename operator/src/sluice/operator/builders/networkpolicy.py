@@ -4,7 +4,8 @@ Ingress is allowed from the service's own namespace, from the namespaces listed 
 `spec.networkPolicy.allowedNamespaces` (API clients) and from the monitoring namespace
 (Prometheus scraping /metrics). A NetworkPolicy works on ports, not paths: the API and
 /metrics share the port, so the monitoring namespace can reach the API too; protect the
-API with `runtime.apiKeySecretRef`. Everything else is denied ingress.
+API with `runtime.apiKeySecretRef`. Everything else is denied ingress (with
+spec.disaggregation, but for the decode pods' KV fetches from the prefill pods).
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ def _namespaces(names: list[str]) -> list[dict[str, Any]]:
 
 
 def build_networkpolicy(isvc: InferenceServiceSpec) -> dict[str, Any]:
-    return _policy(isvc, object_meta(isvc), selector_labels(isvc.name))
+    """With spec.disaggregation it selects both pools' pods, and admits the decode pods to
+    the prefill pods' `bootstrap` port (where they fetch the KV)."""
+    policy = _policy(isvc, object_meta(isvc), selector_labels(isvc.name))
+    if isvc.disaggregation.enabled:
+        decode = {"podSelector": {"matchLabels": selector_labels(isvc.name, c.ROLE_DECODE)}}
+        port = {"protocol": "TCP", "port": rc.DISAGG_BOOTSTRAP_PORT_NAME}
+        policy["spec"]["ingress"].append({"from": [decode], "ports": [port]})
+    return policy
 
 
 def build_router_networkpolicy(isvc: InferenceServiceSpec) -> dict[str, Any]:

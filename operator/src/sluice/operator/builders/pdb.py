@@ -1,5 +1,6 @@
 """The PodDisruptionBudgets: voluntary evictions (node drains, consolidation) take one pod
-at a time, of the runtime pods (`<name>`) and of the router pods (`<name>-router`, with
+at a time, of the runtime pods (`<name>`; with spec.disaggregation one per pool,
+`<name>-prefill` and `<name>-decode`) and of the router pods (`<name>-router`, with
 spec.router).
 
 Always created. With `maxUnavailable: 1` it never blocks a drain (one pod may always go,
@@ -19,7 +20,7 @@ from .common import object_meta, router_meta, router_selector_labels, selector_l
 
 
 def build_pdb(isvc: InferenceServiceSpec) -> dict[str, Any]:
-    return _pdb(object_meta(isvc), selector_labels(isvc.name))
+    return _pdb(object_meta(isvc), selector_labels(isvc.name, isvc.role))
 
 
 def build_router_pdb(isvc: InferenceServiceSpec) -> dict[str, Any]:

@@ -2,9 +2,12 @@
 
 - It finds the runtime pods itself: `--discover-selector kubernetes.io/service-name=
   <name>-workers` watches the EndpointSlices of the workers Service (workers.py), ready
-  endpoints on the port named `http` join, others leave. Its ServiceAccount may read
-  EndpointSlices in this namespace and nothing else (router_rbac.py); the token is
-  mounted (the `kubernetes` client's in-cluster config reads it).
+  endpoints on the port named `http` join, others leave. With spec.disaggregation it runs
+  `--pd-disaggregation` and watches the two pools' Services instead (`--discover-prefill-
+  selector ...=<name>-prefill`, `--discover-decode-selector ...=<name>-decode`), pairing
+  a prefill and a decode pod per request. Its ServiceAccount may read EndpointSlices in
+  this namespace and nothing else (router_rbac.py); the token is mounted (the
+  `kubernetes` client's in-cluster config reads it).
 - Probes: readiness on `/health` (200 while at least one runtime pod is healthy, so a
   router that cannot route takes no traffic), liveness on `/liveness` (the process serves).
 - Draining like the runtime: a preStop pause so the Service's endpoints drop the pod, then
@@ -44,16 +47,32 @@ def router_command() -> list[str]:
 
 
 def router_args(isvc: InferenceServiceSpec) -> list[str]:
-    selector = f"{c.LABEL_SERVICE_NAME}={isvc.workers_service_name}"
     return [
         rc.FLAG_HOST, c.BIND_HOST,
         rc.FLAG_PORT, str(rc.ROUTER_DEFAULT_PORT),
         rc.FLAG_POLICY, isvc.router.policy,
-        rc.FLAG_DISCOVER_SELECTOR, selector,
+        *_discovery(isvc),
         rc.FLAG_DISCOVER_NAMESPACE, isvc.namespace,
         rc.FLAG_DISCOVER_PORT_NAME, rc.CONTAINER_PORT_NAME,
         rc.FLAG_DRAIN_TIMEOUT, str(isvc.drain_timeout_seconds),
     ]  # fmt: skip
+
+
+def _discovery(isvc: InferenceServiceSpec) -> list[str]:
+    """Which Services' EndpointSlices hold the servers: the workers', or the P/D pools'."""
+    if not isvc.disaggregation.enabled:
+        return [rc.FLAG_DISCOVER_SELECTOR, _slices_of(isvc.workers_service_name)]
+    prefill, decode = (view.runtime_name for view in isvc.runtime_views)
+    return [
+        rc.FLAG_PD_DISAGGREGATION,
+        rc.FLAG_DISCOVER_PREFILL_SELECTOR, _slices_of(prefill),
+        rc.FLAG_DISCOVER_DECODE_SELECTOR, _slices_of(decode),
+    ]  # fmt: skip
+
+
+def _slices_of(service: str) -> str:
+    """The label selector of a Service's EndpointSlices."""
+    return f"{c.LABEL_SERVICE_NAME}={service}"
 
 
 def router_scrape_annotations() -> dict[str, str]:
