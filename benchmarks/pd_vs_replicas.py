@@ -7,7 +7,11 @@ Two topologies of two servers each, every server with `--torch-threads 1` (two s
 the machine's cores either way), behind `sluice router`:
 
 - `replicas`: two plain servers, the cache-aware router;
-- `pd`: a prefill server and a decode server, the P/D router (`--pd-disaggregation`).
+- `pd`: a prefill server and a decode server, the P/D router (`--pd-disaggregation`);
+- `pd-2048`: the same with `--max-prefill-tokens 2048` on the prefill server. A prefill
+  server never decodes, so every tick may prefill `--max-prefill-tokens` (8192) tokens: a
+  burst's prompts go in one long forward and all get their first token at its end; a
+  plain server that is decoding prefills at most a chunk (2048) per tick beside it.
 
 Each run launches one topology, waits for a load under 0.5, sends bench_serving's workload
 (its own client, dataset code and metrics) to the router, and stops it; the topologies
@@ -41,7 +45,7 @@ WORKLOAD = ["--dataset-name", "long-short", "--num-prompts", "32", "--request-ra
             "--random-output-min", "16", "--random-range-ratio", "0.5", "--long-fraction", "0.25",
             "--seed", "7"]  # fmt: skip
 SERVER_FLAGS = "--dtype bfloat16 --torch-threads 1 --max-total-tokens 32768"
-TOPOLOGIES = ("replicas", "pd")
+TOPOLOGIES = ("replicas", "pd", "pd-2048")
 BASE_PORT = 31400
 QUIET_LOAD = float(os.environ.get("SLUICE_QUIET_LOAD", "0.5"))
 
@@ -69,6 +73,8 @@ def topology(kind: str, model: str, timeout_s: float = 300.0) -> Iterator[str]:
         else:
             bootstrap = BASE_PORT + 3
             prefill = f"{SERVER_FLAGS} --disaggregation-mode prefill --disaggregation-bootstrap-port {bootstrap}"
+            if kind == "pd-2048":
+                prefill += " --max-prefill-tokens 2048"
             decode = f"{SERVER_FLAGS} --disaggregation-mode decode"
             stack.enter_context(launched_server(serve_command(model, a, prefill), a, timeout_s))
             stack.enter_context(launched_server(serve_command(model, b, decode), b, timeout_s))

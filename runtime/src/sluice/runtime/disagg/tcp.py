@@ -278,6 +278,7 @@ class TcpTransfer:
         if computed is None or reservation is None:
             return
         del self._reserved[room]
+        logger.debug("KV transfer: sending room=%d tokens=%d", room, computed.tokens)
         if reservation.tokens != computed.tokens:
             message = f"the decode server reserved {reservation.tokens} positions for a prompt of {computed.tokens}"
             self._to_peer(reservation.peer, b"fail", {"room": room, "message": message})
@@ -345,6 +346,7 @@ class TcpTransfer:
                     self._live.discard(room)
                 del self._receiving[room]
                 seconds = time.monotonic() - receiving.since
+                logger.debug("KV transfer: received room=%d tokens=%d after %.3fs", room, receiving.tokens, seconds)
                 self.notify(KVReceived(room, receiving.tokens, decode(header["first"]), seconds))
             elif kind == b"fail":
                 self._end(room, f"the prefill server failed the transfer: {header['message']}")
