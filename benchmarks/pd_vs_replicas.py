@@ -15,7 +15,7 @@ the machine's cores either way), behind `sluice router`:
 
 Each run launches one topology, waits for a load under 0.5, sends bench_serving's workload
 (its own client, dataset code and metrics) to the router, and stops it; the topologies
-alternate (replicas, pd, replicas, pd, ...), so a drift in the machine hits both. Prints
+alternate (replicas, pd, pd-2048, replicas, ...), so a drift in the machine hits all. Prints
 TTFT, inter-token latency p50/p99 and throughput per run. `SLUICE_QUIET_LOAD` changes the
 load it waits for (a smoke run on a busy machine; its numbers are then not a measurement).
 """
