@@ -5,6 +5,7 @@ schedulers' inboxes (so their pages are freed)."""
 from __future__ import annotations
 
 import tempfile
+import time
 
 import pytest
 import torch
@@ -163,4 +164,24 @@ def test_nothing_waits_past_the_timeout(ctx):
         failed = d.next()
         assert isinstance(failed, KVTransferFailed) and "sent no KV within" in failed.message
     finally:
+        d.close()
+
+
+def test_a_connection_to_a_prefill_server_unused_for_a_timeout_is_closed(ctx):
+    p, d = Side("prefill", _pool(1), ctx), Side("decode", _pool(2), ctx, timeout_s=0.3)
+    try:
+        bootstrap = f"127.0.0.1:{p.transfer.bootstrap_port}"
+        p.transfer.send(1, [1, 2], 8, FirstToken(1))
+        d.transfer.reserve(1, bootstrap, [3, 4], 8)
+        assert isinstance(d.next(), KVReceived)
+        deadline = time.monotonic() + 30
+        while bootstrap in d.transfer._dealers:  # closed by the transfer's own thread
+            assert time.monotonic() < deadline, "the idle connection was not closed"
+            time.sleep(0.01)
+        # and a new transfer opens a new one
+        p.transfer.send(2, [5, 6], 8, FirstToken(2))
+        d.transfer.reserve(2, bootstrap, [7, 8], 8)
+        assert isinstance(received := d.next(), KVReceived) and received.room == 2
+    finally:
+        p.close()
         d.close()

@@ -130,6 +130,7 @@ class TcpTransfer:
         self._failed: dict[int, tuple[str, float]] = {}
         # decode side
         self._dealers: dict[str, zmq.Socket] = {}
+        self._dealer_used: dict[str, float] = {}  # when each was last given something to send
         self._receiving: dict[int, _Receiving] = {}
         self._poller = zmq.Poller()
         self._poller.register(self._wake_in, zmq.POLLIN)
@@ -313,6 +314,7 @@ class TcpTransfer:
 
     # decode side
     def _dealer(self, bootstrap: str) -> zmq.Socket:
+        self._dealer_used[bootstrap] = time.monotonic()
         sock = self._dealers.get(bootstrap)
         if sock is None:
             sock = self._ctx.socket(zmq.DEALER)
@@ -346,7 +348,12 @@ class TcpTransfer:
                     self._live.discard(room)
                 del self._receiving[room]
                 seconds = time.monotonic() - receiving.since
-                logger.debug("KV transfer: received room=%d tokens=%d after %.3fs", room, receiving.tokens, seconds)
+                logger.debug(
+                    "KV transfer: received room=%d tokens=%d after %.3fs",
+                    room,
+                    receiving.tokens,
+                    seconds,
+                )
                 self.notify(KVReceived(room, receiving.tokens, decode(header["first"]), seconds))
             elif kind == b"fail":
                 self._end(room, f"the prefill server failed the transfer: {header['message']}")
@@ -380,3 +387,11 @@ class TcpTransfer:
                     room,
                     f"the prefill server at {r.bootstrap} sent no KV within {self.timeout_s:g}s",
                 )
+        # prefill servers come and go (pods): a connection unused for a timeout is closed
+        waiting_on = {r.bootstrap for r in self._receiving.values()}
+        for bootstrap, used in list(self._dealer_used.items()):
+            if used < limit and bootstrap not in waiting_on:
+                sock = self._dealers.pop(bootstrap)
+                del self._dealer_used[bootstrap]
+                self._poller.unregister(sock)
+                sock.close(linger=0)

@@ -30,6 +30,7 @@ from sluice.runtime.ipc.messages import (
     KVReceived,
     KVSent,
     KVTransferFailed,
+    SchedulerStats,
 )
 from sluice.runtime.scheduler.cache import KVCacheManager
 from sluice.runtime.scheduler.prefill import WaitingQueue
@@ -187,3 +188,28 @@ class DecodeReceiver:
     def take_transfer_seconds(self) -> list[float]:
         seconds, self.transfer_seconds = self.transfer_seconds, []
         return seconds
+
+
+def disagg_roles(
+    mode: str, transfer: KVTransfer | None, cache: KVCacheManager, release: Callable[[Req], None]
+) -> tuple[PrefillHandoff | None, DecodeReceiver | None]:
+    """What a `mode` ("null", "prefill", "decode") server's scheduler holds for the transfer."""
+    if mode == "null":
+        return None, None
+    assert transfer is not None, f"--disaggregation-mode {mode} needs a transfer"
+    if mode == "prefill":
+        return PrefillHandoff(transfer, cache, release), None
+    return None, DecodeReceiver(transfer, cache)
+
+
+def add_disagg_stats(
+    stats: SchedulerStats, handoff: PrefillHandoff | None, receiver: DecodeReceiver | None
+) -> None:
+    """A P/D server's transfer counters and waiting requests, into its published stats."""
+    if handoff is not None:
+        stats.disagg_sent_tokens_total = handoff.sent_tokens
+        stats.disagg_failed_transfers_total = handoff.failed
+    if receiver is not None:
+        stats.disagg_received_tokens_total = receiver.received_tokens
+        stats.disagg_failed_transfers_total = receiver.failed
+        stats.disagg_waiting_requests = len(receiver)

@@ -62,7 +62,7 @@ from sluice.runtime.scheduler.decode import (
     NewTokenRatio,
     Retraction,
 )
-from sluice.runtime.scheduler.disagg import DecodeReceiver, PrefillHandoff
+from sluice.runtime.scheduler.disagg import add_disagg_stats, disagg_roles
 from sluice.runtime.scheduler.faults import EngineDead, fail_batch
 from sluice.runtime.scheduler.grammar import GrammarQueue, MaskHandOff, accept
 from sluice.runtime.scheduler.intake import Intake, IntakeRules
@@ -123,15 +123,8 @@ class Scheduler:
         self.grammars = grammars
         self.masks = MaskHandOff(grammars)
         seeded = config.random_seed >= 0
-        self.handoff: PrefillHandoff | None = None
-        self.receiver: DecodeReceiver | None = None
-        if disagg_mode != "null":
-            assert transfer is not None, f"--disaggregation-mode {disagg_mode} needs a transfer"
-            if disagg_mode == "prefill":
-                release = lambda r: self.intake.release(r)  # noqa: E731
-                self.handoff = PrefillHandoff(transfer, cache, release)
-            else:
-                self.receiver = DecodeReceiver(transfer, cache)
+        release = lambda r: self.intake.release(r)  # noqa: E731
+        self.handoff, self.receiver = disagg_roles(disagg_mode, transfer, cache, release)
         self.intake = Intake(
             IntakeRules(config.context_len, config.vocab_size, self.eos_token_ids),
             random.Random(config.random_seed) if seeded else random.SystemRandom(),
@@ -413,13 +406,7 @@ class Scheduler:
         waiting = len(self.prefill.waiting) + (len(self.receiver.waiting) if self.receiver else 0)
         stats = stats_of(self.counters, self.cache, waiting, running, self.ratio.value, adapters)
         stats.queue_prompt_tokens = sum(self.cache.extend_len(r) for r in self.prefill.waiting)
-        if self.handoff is not None:
-            stats.disagg_sent_tokens_total = self.handoff.sent_tokens
-            stats.disagg_failed_transfers_total = self.handoff.failed
-        if self.receiver is not None:
-            stats.disagg_received_tokens_total = self.receiver.received_tokens
-            stats.disagg_failed_transfers_total = self.receiver.failed
-            stats.disagg_waiting_requests = len(self.receiver)
+        add_disagg_stats(stats, self.handoff, self.receiver)
         return stats
 
     def take_transfer_seconds(self) -> list[float]:
