@@ -46,7 +46,7 @@ test: model
 	# the local Kubernetes control plane of tests/cluster/ (a cold build takes ~5 min on 2
 	# cores, then it is cached); a failed build is reported by that tier, which then fails
 	-PY=$(PY) nice -n 10 scripts/build_control_plane.sh
-	$(PY) -m pytest -q -m "not heavy" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not heavy" --durations=30 $(PYTEST_ARGS)
 
 # the oracle suites that start many servers of the newer model families (Gemma, gpt-oss,
 # Qwen3/MoE over HTTP, both loops, TP=2), Gemma 3 270M end to end, LoRA under TP=2 and the

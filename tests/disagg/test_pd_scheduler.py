@@ -120,6 +120,21 @@ def test_greedy_outputs_equal_one_schedulers_and_decode_computes_no_prompt(make_
     assert d.scheduler.stats().disagg_received_tokens_total == total
 
 
+
+def test_bf16_greedy_outputs_equal_one_schedulers_one_request_at_a_time(make_side):
+    """bf16 (`auto`'s choice on a CPU with native bf16): one request at a time, so every
+    forward has the same batch on both paths and any difference is the hand-over's."""
+    bf16 = {"dtype": "bfloat16"}
+    one, p, d = make_side("null", **bf16), make_side("prefill", **bf16), make_side("decode", **bf16)
+    for i, ids in enumerate(PROMPTS):
+        one.submit(f"r{i}", ids, max_new_tokens=12)
+        one.run_until_idle()
+        send_pair(p, d, f"r{i}", ids, room=2000 + i, max_new_tokens=12)
+        run_pair(p, d, lambda rid=f"r{i}": rid in d.finished)
+    assert d.outputs == one.outputs
+    assert d.scheduler.counters.computed_prompt_tokens == 0
+    settle(p, d)
+
 def test_a_request_that_ends_on_the_prefill_side_first_fails_on_the_decode_side(make_side):
     p, d = make_side("prefill"), make_side("decode")
     send_pair(p, d, "cut", list(range(5, 105)), room=1)
