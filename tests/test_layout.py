@@ -87,7 +87,7 @@ FLOORS = {
     "cache_dir": 0,  # below the leaves: the kernels' build cache and the models' share it
     # 1: leaves
     "constants": 1, "features": 1, "threads": 1, "dataclass_cli": 1, "disconnect": 1,
-    "stop_match": 1, "memory": 1, "ipc": 1, "distributed": 1, "kernels": 1,
+    "stop_match": 1, "memory": 1, "ipc": 1, "distributed": 1, "kernels": 1, "process_exit": 1,
     # 2: the types every layer reads, and the processes that need no model
     "forward": 2, "constrained": 2, "detokenizer": 2, "metrics": 2, "workload": 2, "router": 2,
     "disagg": 2,  # the KV transfer between a prefill and a decode server

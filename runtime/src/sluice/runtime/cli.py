@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
+from sluice.runtime.process_exit import exit_now
 from sluice.runtime.router.args import RouterArgs
 from sluice.runtime.server_args import ServerArgs
 
@@ -68,5 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def entry() -> NoReturn:
+    """The `sluice` command: `main`, then the process ends without the interpreter's
+    teardown (`process_exit`)."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -43,6 +43,7 @@ from sluice.runtime.metrics import MetricsCollector
 from sluice.runtime.model.loader import load_tokenizer, resolve_model_path
 from sluice.runtime.model.registry import architecture_for, read_model_config
 from sluice.runtime.model.sharding import tensor_parallel_problem
+from sluice.runtime.process_exit import run_then_exit
 from sluice.runtime.scheduler.process import run_scheduler_process
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.supervisor import Supervisor
@@ -74,8 +75,15 @@ class ChildProcesses:
         self._ready_reader, ready_writer = ctx.Pipe(duplex=False)
         self.procs = [
             ctx.Process(
-                target=run_scheduler_process,
-                args=(args, str(model_path), port_args, ready_writer if r.is_leader else None, r),
+                target=run_then_exit,
+                args=(
+                    run_scheduler_process,
+                    args,
+                    str(model_path),
+                    port_args,
+                    ready_writer if r.is_leader else None,
+                    r,
+                ),
                 name=r.process_name,
             )
             for r in ranks
@@ -83,8 +91,8 @@ class ChildProcesses:
         if port_args is not None:  # node 0
             self.procs.append(
                 ctx.Process(
-                    target=run_detokenizer_process,
-                    args=(str(model_path), port_args, args.log_level),
+                    target=run_then_exit,
+                    args=(run_detokenizer_process, str(model_path), port_args, args.log_level),
                     name="detokenizer",
                 )
             )
@@ -239,16 +247,19 @@ def launch_server(args: ServerArgs) -> int:
     port_args = PortArgs.fresh()
     children = ChildProcesses(args, model_path, port_args, _ranks(args))
     try:
+        tokenizer = load_tokenizer(model_path)  # while the children start (about 2 s)
         ready = children.wait_ready(args.startup_timeout)
     except ChildDied as err:
         logger.error("%s", err)
         children.stop()
         return 1
+    except BaseException:
+        children.stop()
+        raise
     limit_helper_process_threads()  # after the children started: they are not to inherit it
     tm = TokenizerManager(
-        load_tokenizer(model_path), served_name(args, model_path), ready, port_args,
-        RequestLimits.from_args(args),
-    )  # fmt: skip
+        tokenizer, served_name(args, model_path), ready, port_args, RequestLimits.from_args(args)
+    )
     tm.processes = {p.name: p.pid for p in children.procs}
     metrics = MetricsCollector(
         tm.served_model_name, tm.stats, compat=args.metrics_compat, page_size=ready.page_size,
