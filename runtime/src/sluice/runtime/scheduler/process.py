@@ -44,7 +44,6 @@ from sluice.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from sluice.runtime.server_args import ServerArgs
 from sluice.runtime.testing.fault_injection import FaultInjectingExecutor, FaultPlan
 from sluice.runtime.testing.hold_gate import HoldGate
-from sluice.runtime.testing.transfer_stall import StalledTransfer
 
 logger = logging.getLogger("sluice.scheduler")
 
@@ -171,8 +170,6 @@ def run_scheduler_process(
             return executor if trace is None else TracingExecutor(executor, trace)
 
         transfer = kv_transfer(args, worker, port_args.scheduler_input) if tp.is_leader else None
-        if transfer is not None:
-            transfer = StalledTransfer.wrap_from_env(transfer)  # tests only
         scheduler = build_scheduler(args, worker, wrap, transfer)
         overlap, why = args.overlap_choice
         logger.info("%s loop (%s)", "overlap" if overlap else "normal", why)
