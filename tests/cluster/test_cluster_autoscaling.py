@@ -37,14 +37,14 @@ def test_the_hpa_scales_on_the_queue_metric_and_the_operator_hands_replicas_over
 
     # 20 waiting requests on the one pod, target 8 per pod: ceil(20 / 8) = 3 replicas
     write_queue_depth(kube, ns, selector, "20")
+    # the HPA controller scales the Deployment first and writes its own status after
     wait_until(
-        "the HPA to scale the Deployment to 3",
-        lambda: deployment(kube, ns)["spec"]["replicas"] == 3,
+        "the HPA to scale the Deployment to 3 and report it",
+        lambda: deployment(kube, ns)["spec"]["replicas"] == 3
+        and (kube.get(hpa_path).get("status") or {}).get("desiredReplicas") == 3,
         timeout=90,
         explain=lambda: f"{kube.get(hpa_path).get('status')}\n{operator.tail()}",
     )
-    hpa = kube.get(hpa_path)
-    assert hpa["status"]["desiredReplicas"] == 3
     managers = {
         (m["manager"], m.get("subresource", ""))
         for m in deployment(kube, ns)["metadata"]["managedFields"]

@@ -1,6 +1,7 @@
 """The simulator's timing against the real engine, on the tiny model, in one process: the
 calibration and the real run are both timed with the engine thread's CPU time (one torch
-thread, normal loop), which other load on a shared machine barely moves, and the
+thread, normal loop), which other load on a shared machine moves little (what it does move
+is met with two passes of each: calibration scenarios, real runs), and the
 simulation must land within loose bounds of the real run's throughput, mean TTFT and mean
 E2E. The benchmark README has the real-server table for SmolLM2."""
 
@@ -66,18 +67,23 @@ def summary(first: list[float], last: list[float], tokens: int) -> dict[str, flo
 def test_simulated_timing_follows_the_real_engine(tiny_llama_path):
     args = server_args(tiny_llama_path, torch_threads=1, disable_overlap_schedule=True,
                        max_total_tokens=8192, max_running_requests=16)  # fmt: skip
-    cal = run_calibration(CalibrateArgs(loops="normal", repeats=1, scale=0.3, clock="cpu", skip_served_phase=True), args,
+    # two passes per scenario, as `sluice calibrate` runs by default: its fit drops a point
+    # that other load slowed
+    cal = run_calibration(CalibrateArgs(loops="normal", repeats=2, scale=0.3, clock="cpu", skip_served_phase=True), args,
                           log=lambda *a: None, measure_startup=False)  # fmt: skip
     requests = workload(11)
-    real = real_run(args, tiny_llama_path, requests)
+    tokens = sum(n for _, _, n in requests)
+    # the faster of two real runs on each measure: other load only ever slows a run down
+    runs = []
+    for _ in range(2):
+        real = real_run(args, tiny_llama_path, requests)
+        runs.append(summary([real[r][0] for r, _, _ in requests],
+                            [real[r][-1] for r, _, _ in requests], tokens))  # fmt: skip
+    measured = {k: (max if k == "output_throughput" else min)(run[k] for run in runs) for k in BOUNDS}
     sim = SimReplica(args, cal)
     for rid, ids, n in requests:
         sim.submit(SimRequest(rid, ids, n, 0.0))
     sim.run_to_completion()
-    tokens = sum(n for _, _, n in requests)
-    measured = summary(
-        [real[r][0] for r, _, _ in requests], [real[r][-1] for r, _, _ in requests], tokens
-    )
     traces = [sim.traces[r] for r, _, _ in requests]
     simulated = summary([t.ttft for t in traces], [t.e2e for t in traces], tokens)
     errors = {k: (simulated[k] - measured[k]) / measured[k] for k in BOUNDS}
