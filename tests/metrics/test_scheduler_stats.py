@@ -47,8 +47,11 @@ class FakeScheduler:
     queue_times: list[float] = field(default_factory=list)
     counters: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(generated_tokens=0))
 
-    def stats(self) -> SchedulerStats:
-        return dataclasses.replace(self.current, queue_times=[])
+    def load_stats(self) -> SchedulerStats:
+        return dataclasses.replace(self.current, queue_times=[], queue_prompt_tokens=0)
+
+    def queue_prompt_tokens(self) -> int:
+        return self.current.queue_prompt_tokens
 
     def take_queue_times(self) -> list[float]:
         times, self.queue_times = self.queue_times, []
@@ -145,3 +148,17 @@ def test_the_scheduler_records_each_requests_wait_at_its_first_admission(schedul
         times += scheduler.take_queue_times()
     assert scheduler.counters.retractions_total > 0
     assert len(times) == 3  # a re-admission after a retraction is not a second wait
+
+
+def test_the_published_queue_prompt_tokens_are_the_waiting_prompts_positions(scheduler):
+    """The prefill pool's HPA signal, read every tick but counted only when published."""
+    for rid in "abc":
+        submit(scheduler, rid, waited=0.0, max_new_tokens=20)  # 4-token prompts
+    pub = StatsPublisher()
+    first = pub.poll(scheduler, 10.0)
+    assert (first.queue_requests, first.queue_prompt_tokens) == (3, 12)
+    scheduler.step()  # admits what fits the 64-token pool: not all three
+    later = pub.poll(scheduler, 10.0 + STATS_INTERVAL_S)
+    assert 0 < later.queue_requests < 3
+    assert later.queue_prompt_tokens == 4 * later.queue_requests
+    assert scheduler.stats().queue_prompt_tokens == later.queue_prompt_tokens

@@ -154,7 +154,7 @@ class StatsPublisher:
     last_key: tuple[int, int, int, int] | None = None
 
     def poll(self, scheduler: Scheduler, now: float, force: bool = False) -> SchedulerStats | None:
-        stats = scheduler.stats()
+        stats = scheduler.load_stats()  # every tick: queue_prompt_tokens only when published
         key = (
             stats.queue_requests,
             stats.running_requests,
@@ -166,6 +166,7 @@ class StatsPublisher:
         due = self.last_at is None or now - self.last_at >= STATS_INTERVAL_S
         if not (force or due or queue_times or transfer_seconds or key != self.last_key):
             return None
+        stats.queue_prompt_tokens = scheduler.queue_prompt_tokens()
         stats.queue_times = queue_times
         stats.disagg_transfer_seconds = transfer_seconds
         generated = scheduler.counters.generated_tokens

@@ -96,6 +96,8 @@ class SchedulerConfig:
 
 
 class Scheduler:
+    intake: Intake  # built after the P/D roles, whose release callback reads it
+
     def __init__(
         self,
         config: SchedulerConfig,
@@ -401,13 +403,24 @@ class Scheduler:
         return self.intake.take_output()
 
     def stats(self) -> SchedulerStats:
+        """Everything the scheduler publishes."""
+        stats = self.load_stats()
+        stats.queue_prompt_tokens = self.queue_prompt_tokens()
+        return stats
+
+    def load_stats(self) -> SchedulerStats:
+        """`stats()` but `queue_prompt_tokens`, the one field that costs O(waiting): what the
+        loop reads every tick to decide whether to publish."""
         running = self.decode.running_with_chunk(self.prefill.chunked)
         adapters = self.adapters.stats(running, self.prefill.waiting)
         waiting = len(self.prefill.waiting) + (len(self.receiver.waiting) if self.receiver else 0)
         stats = stats_of(self.counters, self.cache, waiting, running, self.ratio.value, adapters)
-        stats.queue_prompt_tokens = sum(self.cache.extend_len(r) for r in self.prefill.waiting)
         add_disagg_stats(stats, self.handoff, self.receiver)
         return stats
+
+    def queue_prompt_tokens(self) -> int:
+        """Prompt positions the waiting requests still need computed."""
+        return sum(self.cache.extend_len(r) for r in self.prefill.waiting)
 
     def take_transfer_seconds(self) -> list[float]:
         """Seconds each KV transfer received since the last call took (decode server)."""
