@@ -129,8 +129,8 @@ class TcpTransfer:
         self._reserved: dict[int, _Reservation] = {}
         self._failed: dict[int, tuple[str, float]] = {}
         # decode side
-        self._dealers: dict[str, zmq.Socket] = {}
-        self._dealer_used: dict[str, float] = {}  # when each was last given something to send
+        # per prefill server: its connection, and when it was last given something to send
+        self._dealers: dict[str, tuple[zmq.Socket, float]] = {}
         self._receiving: dict[int, _Receiving] = {}
         self._poller = zmq.Poller()
         self._poller.register(self._wake_in, zmq.POLLIN)
@@ -197,7 +197,7 @@ class TcpTransfer:
                     self._take_commands()
                 if self._router is not None and self._router in events:
                     self._take_router()
-                for sock in list(self._dealers.values()):
+                for sock, _ in list(self._dealers.values()):
                     if sock in events:
                         self._take_dealer(sock)
                 self._expire(time.monotonic())
@@ -314,15 +314,14 @@ class TcpTransfer:
 
     # decode side
     def _dealer(self, bootstrap: str) -> zmq.Socket:
-        self._dealer_used[bootstrap] = time.monotonic()
-        sock = self._dealers.get(bootstrap)
+        sock, _ = self._dealers.get(bootstrap) or (None, 0.0)
         if sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IPV6, 1)  # a bracketed IPv6 bootstrap host connects too
             sock.connect(f"tcp://{bootstrap}")
             self._poller.register(sock, zmq.POLLIN)
-            self._dealers[bootstrap] = sock
+        self._dealers[bootstrap] = (sock, time.monotonic())
         return sock
 
     def _take_dealer(self, sock: zmq.Socket) -> None:
@@ -380,18 +379,17 @@ class TcpTransfer:
         for room, (_, at) in list(self._failed.items()):
             if at < limit:
                 del self._failed[room]
-        for room, r in list(self._receiving.items()):
-            if r.since < limit:
-                self._dealer(r.bootstrap).send_multipart([b"cancel", encode({"room": room})])
+        for room, late in list(self._receiving.items()):
+            if late.since < limit:
+                self._dealer(late.bootstrap).send_multipart([b"cancel", encode({"room": room})])
                 self._end(
                     room,
-                    f"the prefill server at {r.bootstrap} sent no KV within {self.timeout_s:g}s",
+                    f"the prefill server at {late.bootstrap} sent no KV within {self.timeout_s:g}s",
                 )
         # prefill servers come and go (pods): a connection unused for a timeout is closed
         waiting_on = {r.bootstrap for r in self._receiving.values()}
-        for bootstrap, used in list(self._dealer_used.items()):
+        for bootstrap, (sock, used) in list(self._dealers.items()):
             if used < limit and bootstrap not in waiting_on:
-                sock = self._dealers.pop(bootstrap)
-                del self._dealer_used[bootstrap]
+                del self._dealers[bootstrap]
                 self._poller.unregister(sock)
                 sock.close(linger=0)
